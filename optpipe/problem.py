@@ -1,0 +1,341 @@
+"""The Problem: everything a pipeline schedule must respect, and nothing about solvers.
+
+A :class:`Problem` describes one training step of a pipeline-parallel job: ``stages``
+model stages (one per device in the base problem), ``microbatches`` microbatches, the
+per-stage times of forward (F), backward-for-input (B) and backward-for-weights (W), the
+point-to-point latency between neighbouring devices, the activation bytes F keeps per
+microbatch and how B and W release them, static bytes and a budget per device, and the
+host-link bandwidths used by activation offload.
+
+Schedules that split each device's share of the model into ``v`` chunks (interleaved
+1F1B, ZB-V) are judged against :meth:`Problem.split`, which divides every per-stage
+cost evenly among the chunks: the device count, static memory and budgets stay.
+
+Problems load from TOML or JSON files (:func:`load_problem`) or come from the cost model
+(:mod:`optpipe.costmodel`); both are equally first-class.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Sequence
+
+from optpipe.errors import OptPipeError
+from optpipe.units import parse_bandwidth, parse_bytes, parse_seconds
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A pipeline-parallel step to schedule. Times in seconds, sizes in bytes.
+
+    Per-stage lists have one entry per stage; per-device lists one per device. The
+    activation that F keeps for a microbatch is released in two parts: ``freed_by_b`` at
+    the end of B and ``freed_by_w`` at the end of W (both at once by a fused BW), so
+    ``freed_by_b + freed_by_w == activation`` on every stage.
+    """
+
+    stages: int
+    microbatches: int
+    forward: tuple[float, ...]
+    backward_input: tuple[float, ...]
+    backward_weight: tuple[float, ...]
+    activation: tuple[int, ...]
+    freed_by_b: tuple[int, ...]
+    freed_by_w: tuple[int, ...]
+    static: tuple[int, ...]
+    budget: tuple[float, ...]
+    p2p: float = 0.0
+    d2h_bandwidth: float = 25e9
+    h2d_bandwidth: float = 25e9
+    devices: int = 0
+    name: str = "problem"
+    meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        if self.devices == 0:
+            object.__setattr__(self, "devices", self.stages)
+        for key in ("forward", "backward_input", "backward_weight"):
+            object.__setattr__(self, key, tuple(float(x) for x in getattr(self, key)))
+        for key in ("activation", "freed_by_b", "freed_by_w", "static"):
+            object.__setattr__(self, key, tuple(int(x) for x in getattr(self, key)))
+        object.__setattr__(self, "budget", tuple(float(x) for x in self.budget))
+        self.validate()
+
+    # ------------------------------------------------------------------ checks
+    def validate(self) -> None:
+        """Reject impossible problems with one line that names the field."""
+        if self.stages < 1:
+            raise OptPipeError(f"stages must be at least 1, got {self.stages}")
+        if self.microbatches < 1:
+            raise OptPipeError(f"microbatches must be at least 1, got {self.microbatches}")
+        if self.devices < 1 or self.stages % self.devices:
+            raise OptPipeError(
+                f"{self.stages} stages cannot be spread evenly over {self.devices} devices")
+        for key in ("forward", "backward_input", "backward_weight", "activation",
+                    "freed_by_b", "freed_by_w"):
+            values = getattr(self, key)
+            if len(values) != self.stages:
+                raise OptPipeError(
+                    f"'{key}' has {len(values)} entries but there are {self.stages} stages")
+            if any(v < 0 for v in values):
+                raise OptPipeError(f"'{key}' must not be negative: {list(values)}")
+        for key in ("static", "budget"):
+            if len(getattr(self, key)) != self.devices:
+                raise OptPipeError(f"'{key}' has {len(getattr(self, key))} entries but there "
+                                   f"are {self.devices} devices")
+        for s in range(self.stages):
+            if self.freed_by_b[s] + self.freed_by_w[s] != self.activation[s]:
+                raise OptPipeError(
+                    f"stage {s}: freed_by_backward_input + freed_by_backward_weight "
+                    f"({self.freed_by_b[s]} + {self.freed_by_w[s]}) must equal activation "
+                    f"({self.activation[s]}); omit freed_by_backward_weight to derive it")
+        if self.p2p < 0:
+            raise OptPipeError(f"p2p latency must not be negative, got {self.p2p}")
+        if self.d2h_bandwidth <= 0 or self.h2d_bandwidth <= 0:
+            raise OptPipeError("host-link bandwidths must be positive")
+
+    # ------------------------------------------------------------- derived data
+    @property
+    def chunks(self) -> int:
+        """Stages per device (1 for the base problem, v after :meth:`split`)."""
+        return self.stages // self.devices
+
+    def offload_time(self, stage: int, fraction: float = 1.0) -> float:
+        """Seconds to move ``fraction`` of one microbatch's activation of ``stage`` to host."""
+        return self.activation[stage] * fraction / self.d2h_bandwidth
+
+    def reload_time(self, stage: int, fraction: float = 1.0) -> float:
+        """Seconds to bring ``fraction`` of one microbatch's activation of ``stage`` back."""
+        return self.activation[stage] * fraction / self.h2d_bandwidth
+
+    def split(self, placement: Sequence[int]) -> "Problem":
+        """The same job with each device's share cut into equal chunks, one per stage.
+
+        ``placement[s]`` is the device of model stage ``s`` (so ``len(placement)`` stages
+        in model order); every device must hold the same number ``v`` of stages. Stage
+        ``s`` gets ``1/v`` of device ``placement[s]``'s base-stage times and bytes (bytes
+        rounded so that the parts of every chunk still add up). Interleaved 1F1B and ZB-V
+        are judged against this problem; device count, static bytes and budgets stay.
+        """
+        if self.chunks != 1:
+            raise OptPipeError("only a base problem (one stage per device) can be split")
+        placement = list(placement)
+        if len(placement) % self.devices or sorted(set(placement)) != list(range(self.devices)):
+            raise OptPipeError(f"placement {placement} does not use each of the "
+                               f"{self.devices} devices equally")
+        chunks = len(placement) // self.devices
+        if any(placement.count(d) != chunks for d in range(self.devices)):
+            raise OptPipeError(f"placement {placement} does not put the same number of "
+                               f"stages on every device")
+        if chunks == 1 and placement == list(range(self.devices)):
+            return self
+        activation = [self.activation[d] // chunks for d in placement]
+        freed_b = [self.freed_by_b[d] // chunks for d in placement]
+        return replace(
+            self,
+            stages=len(placement),
+            forward=tuple(self.forward[d] / chunks for d in placement),
+            backward_input=tuple(self.backward_input[d] / chunks for d in placement),
+            backward_weight=tuple(self.backward_weight[d] / chunks for d in placement),
+            activation=tuple(activation),
+            freed_by_b=tuple(freed_b),
+            freed_by_w=tuple(a - b for a, b in zip(activation, freed_b)),
+            meta={**self.meta, "placement": placement},
+        )
+
+    def with_budget(self, budget: float | Sequence[float]) -> "Problem":
+        """A copy with a new budget (one number for all devices or one per device)."""
+        values = [budget] * self.devices if isinstance(budget, (int, float)) else list(budget)
+        return replace(self, budget=tuple(float(v) for v in values))
+
+    def activation_budget(self, microbatches_worth: float) -> "Problem":
+        """A copy whose budget is static + ``k`` microbatches' worth of kept activations.
+
+        This is how benchmarks state budgets ("budget S/2", "budget 2S"): the device
+        holding the largest stage activation sets the unit.
+        """
+        if self.chunks != 1:
+            raise OptPipeError("budgets in microbatches are defined on the base problem")
+        return self.with_budget([self.static[d] + microbatches_worth * self.activation[d]
+                                 for d in range(self.devices)])
+
+    # ------------------------------------------------------------------ identity
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready data (seconds and bytes) that :func:`problem_from_dict` reads."""
+        data = asdict(self)
+        data["freed_by_backward_input"] = data.pop("freed_by_b")
+        data["freed_by_backward_weight"] = data.pop("freed_by_w")
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in data.items()}
+
+    def hash(self) -> str:
+        """Stable content hash (name and metadata excluded): the cache key of a solve."""
+        data = self.to_dict()
+        data.pop("name", None)
+        data.pop("meta", None)
+        text = json.dumps(data, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------------- loading
+def _per_stage(value: Any, count: int, parse: Any, key: str) -> list:
+    if isinstance(value, list):
+        if len(value) != count:
+            raise OptPipeError(f"'{key}' lists {len(value)} values but there are {count} "
+                               f"stages; give one value or exactly {count}")
+        return [parse(v, key) for v in value]
+    return [parse(value, key)] * count
+
+
+def problem_from_dict(data: dict[str, Any], name: str = "problem") -> Problem:
+    """Build a :class:`Problem` from the file schema (see the README) or from ``to_dict``.
+
+    Accepts both the nested human schema (``[time]``, ``[memory]``, ``[offload]`` tables
+    with units) and the flat form written by :meth:`Problem.to_dict`.
+    """
+    if "time" not in data and "forward" in data:  # flat form from to_dict
+        flat = dict(data)
+        flat["freed_by_b"] = flat.pop("freed_by_backward_input")
+        flat["freed_by_w"] = flat.pop("freed_by_backward_weight")
+        flat.setdefault("name", name)
+        try:
+            return Problem(**flat)
+        except TypeError as exc:
+            raise OptPipeError(f"problem data is not valid: {exc}") from None
+    known = {"stages", "microbatches", "devices", "name", "time", "memory", "offload"}
+    unknown = set(data) - known
+    if unknown:
+        raise OptPipeError(f"unknown problem key(s) {sorted(unknown)}; known keys: "
+                           f"{sorted(known)}")
+    for key in ("stages", "microbatches"):
+        if not isinstance(data.get(key), int) or isinstance(data.get(key), bool):
+            raise OptPipeError(f"the problem needs an integer '{key}', e.g. {key} = 8")
+    stages, microbatches = data["stages"], data["microbatches"]
+    devices = int(data.get("devices", stages))
+    time = data.get("time", {})
+    memory = data.get("memory", {})
+    offload = data.get("offload", {})
+    for table, keys in (("time", {"forward", "backward_input", "backward_weight", "p2p"}),
+                        ("memory", {"activation", "freed_by_backward_input",
+                                    "freed_by_backward_weight", "static", "budget"}),
+                        ("offload", {"d2h_bandwidth", "h2d_bandwidth"})):
+        extra = set(locals()[table]) - keys
+        if extra:
+            raise OptPipeError(f"unknown key(s) {sorted(extra)} in [{table}]; known: "
+                               f"{sorted(keys)}")
+    for key in ("forward", "backward_input"):
+        if key not in time:
+            raise OptPipeError(f"the problem needs [time] {key}, e.g. {key} = \"18.5ms\"")
+    if "activation" not in memory:
+        raise OptPipeError("the problem needs [memory] activation, e.g. activation = \"10MiB\"")
+    forward = _per_stage(time["forward"], stages, parse_seconds, "forward")
+    backward_input = _per_stage(time["backward_input"], stages, parse_seconds, "backward_input")
+    backward_weight = _per_stage(time.get("backward_weight", 0), stages, parse_seconds,
+                                 "backward_weight")
+    activation = _per_stage(memory["activation"], stages, parse_bytes, "activation")
+    freed_b = _per_stage(memory.get("freed_by_backward_input", 0), stages, parse_bytes,
+                         "freed_by_backward_input")
+    if "freed_by_backward_weight" in memory:
+        freed_w = _per_stage(memory["freed_by_backward_weight"], stages, parse_bytes,
+                             "freed_by_backward_weight")
+    else:
+        freed_w = [a - b for a, b in zip(activation, freed_b)]
+    static = _per_stage(memory.get("static", 0), devices, parse_bytes, "static")
+    budget_raw = memory.get("budget", "inf")
+    if budget_raw in ("inf", "none", None):
+        budget = [float("inf")] * devices
+    else:
+        budget = [float(b) for b in _per_stage(budget_raw, devices, parse_bytes, "budget")]
+    return Problem(
+        stages=stages, microbatches=microbatches, devices=devices,
+        forward=tuple(forward), backward_input=tuple(backward_input),
+        backward_weight=tuple(backward_weight), activation=tuple(activation),
+        freed_by_b=tuple(freed_b), freed_by_w=tuple(freed_w), static=tuple(static),
+        budget=tuple(budget), p2p=parse_seconds(time.get("p2p", 0), "p2p"),
+        d2h_bandwidth=parse_bandwidth(offload.get("d2h_bandwidth", "25GB/s"), "d2h_bandwidth"),
+        h2d_bandwidth=parse_bandwidth(offload.get("h2d_bandwidth", "25GB/s"), "h2d_bandwidth"),
+        name=str(data.get("name", name)),
+    )
+
+
+def load_problem(path: str | Path) -> Problem:
+    """Read a problem file (``.toml`` or ``.json``); errors name the file and the key."""
+    path = Path(path)
+    if not path.is_file():
+        raise OptPipeError(f"problem file {str(path)!r} does not exist")
+    try:
+        if path.suffix.lower() == ".json":
+            data = json.loads(path.read_text())
+        else:
+            data = tomllib.loads(path.read_text())
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise OptPipeError(f"problem file {str(path)!r} is not valid "
+                           f"{'JSON' if path.suffix.lower() == '.json' else 'TOML'}: {exc}") from None
+    if not isinstance(data, dict):
+        raise OptPipeError(f"problem file {str(path)!r} must hold a table/object at top level")
+    try:
+        return problem_from_dict(data, name=path.stem)
+    except OptPipeError as exc:
+        raise OptPipeError(f"{path}: {exc}") from None
+
+
+def problem_to_toml(problem: Problem) -> str:
+    """Write a problem in the human file schema (exact values, per-stage lists)."""
+    def seconds(values: Sequence[float]) -> str:
+        return "[" + ", ".join(f'"{v * 1e3:.6g}ms"' for v in values) + "]"
+
+    def ints(values: Sequence[float]) -> str:
+        return "[" + ", ".join(str(int(v)) if v != float("inf") else '"inf"'
+                               for v in values) + "]"
+
+    budget = ('"inf"' if all(b == float("inf") for b in problem.budget)
+              else ints(problem.budget))
+    return "\n".join([
+        f'name = "{problem.name}"',
+        f"stages = {problem.stages}",
+        f"microbatches = {problem.microbatches}",
+        f"devices = {problem.devices}",
+        "",
+        "[time]",
+        f"forward = {seconds(problem.forward)}",
+        f"backward_input = {seconds(problem.backward_input)}",
+        f"backward_weight = {seconds(problem.backward_weight)}",
+        f'p2p = "{problem.p2p * 1e3:.6g}ms"',
+        "",
+        "[memory]",
+        f"activation = {ints(problem.activation)}",
+        f"freed_by_backward_input = {ints(problem.freed_by_b)}",
+        f"freed_by_backward_weight = {ints(problem.freed_by_w)}",
+        f"static = {ints(problem.static)}",
+        f"budget = {budget}",
+        "",
+        "[offload]",
+        f"d2h_bandwidth = {problem.d2h_bandwidth:.6g}",
+        f"h2d_bandwidth = {problem.h2d_bandwidth:.6g}",
+        "",
+    ])
+
+
+def uniform_problem(stages: int, microbatches: int, forward: float = 1.0,
+                    backward_input: float = 1.0, backward_weight: float = 1.0,
+                    p2p: float = 0.0, activation: int = 1000, freed_by_b: int | None = None,
+                    static: int = 0, budget: float = float("inf"),
+                    d2h_bandwidth: float = 25e9, h2d_bandwidth: float = 25e9,
+                    name: str = "uniform") -> Problem:
+    """A problem whose stages are all alike: the workhorse of tests and benchmarks."""
+    freed_b = activation // 2 if freed_by_b is None else freed_by_b
+    return Problem(
+        stages=stages, microbatches=microbatches,
+        forward=(forward,) * stages, backward_input=(backward_input,) * stages,
+        backward_weight=(backward_weight,) * stages, activation=(activation,) * stages,
+        freed_by_b=(freed_b,) * stages, freed_by_w=(activation - freed_b,) * stages,
+        static=(static,) * stages, budget=(budget,) * stages, p2p=p2p,
+        d2h_bandwidth=d2h_bandwidth, h2d_bandwidth=h2d_bandwidth, name=name)

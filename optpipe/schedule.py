@@ -1,0 +1,312 @@
+"""The Schedule: per device, the ordered actions; where it came from; its JSON file.
+
+A schedule holds *orders*, never times: times come from simulating it against a
+:class:`~optpipe.problem.Problem` (:mod:`optpipe.simulator`). Each device has one list of
+actions in the order it issues them. Compute actions (``F``, ``B``, ``W``, ``BW``) run
+one at a time in that order; ``OFFLOAD`` and ``RELOAD`` run on the device's host-link
+channels (see the simulator for the exact rules) and are issued at their place in the
+list.
+
+``placement[s]`` is the device of model stage ``s``: ``[0, 1, …, D-1]`` for one stage per
+device, ``[0, 1, …, D-1, 0, 1, …]`` for interleaved chunks, ``[0, …, D-1, D-1, …, 0]`` for
+the V shape.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from optpipe.errors import InvalidScheduleError, OptPipeError
+
+FORMAT_VERSION = 1
+
+
+class Op(str, Enum):
+    """The kinds of action a device can issue."""
+
+    F = "F"              # forward of one microbatch through one stage
+    B = "B"              # backward for the input gradient only (sent upstream at once)
+    W = "W"              # backward for the weight gradients (deferred)
+    BW = "BW"            # fused backward: B and W together
+    OFFLOAD = "OFFLOAD"  # move one microbatch's kept activations of a stage to host memory
+    RELOAD = "RELOAD"    # bring them back before the backward that needs them
+
+    @property
+    def is_compute(self) -> bool:
+        return self in (Op.F, Op.B, Op.W, Op.BW)
+
+    @property
+    def is_transfer(self) -> bool:
+        return self in (Op.OFFLOAD, Op.RELOAD)
+
+
+COMPUTE_OPS = (Op.F, Op.B, Op.W, Op.BW)
+
+
+@dataclass(frozen=True)
+class Action:
+    """One action: an op on one stage for one microbatch.
+
+    ``fraction`` (OFFLOAD/RELOAD only) is the share of the kept activation moved; the
+    matching OFFLOAD and RELOAD carry the same fraction.
+    """
+
+    op: Op
+    stage: int
+    microbatch: int
+    fraction: float = 1.0
+
+    def __str__(self) -> str:
+        extra = f"x{self.fraction:g}" if self.fraction != 1.0 else ""
+        return f"{self.op.value}{extra}(stage {self.stage}, mb {self.microbatch})"
+
+    @property
+    def key(self) -> tuple[Op, int, int]:
+        return (self.op, self.stage, self.microbatch)
+
+    def to_json(self) -> list:
+        item: list = [self.op.value, self.stage, self.microbatch]
+        if self.fraction != 1.0:
+            item.append(self.fraction)
+        return item
+
+
+@dataclass
+class Schedule:
+    """Ordered actions per device, the stage placement, and provenance.
+
+    ``provenance`` holds at least ``source`` (``generator`` or ``solver``) and ``name``;
+    a solver adds ``solver``, ``status``, ``objective``, ``bound``, ``gap``,
+    ``wall_time``, ``time_limit`` and ``problem_hash``.
+    """
+
+    name: str
+    stages: int
+    devices: int
+    microbatches: int
+    placement: list[int]
+    actions: list[list[Action]]
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    # ----------------------------------------------------------------- queries
+    @property
+    def chunks(self) -> int:
+        """Stages per device: 1, or v for interleaved and V-shaped placements."""
+        return self.stages // self.devices
+
+    @property
+    def splits_backward(self) -> bool:
+        return any(a.op is Op.W for acts in self.actions for a in acts)
+
+    @property
+    def offloads(self) -> bool:
+        return any(a.op is Op.OFFLOAD for acts in self.actions for a in acts)
+
+    def __iter__(self) -> Iterator[tuple[int, Action]]:
+        for device, acts in enumerate(self.actions):
+            for action in acts:
+                yield device, action
+
+    # -------------------------------------------------------------- validation
+    def validate(self) -> "Schedule":
+        """Check the schedule's structure; raise :class:`InvalidScheduleError` naming the action.
+
+        Checks: placement covers every stage once with equal load per device; every action
+        names a known stage on the device that runs it and a known microbatch; every
+        (stage, microbatch) has exactly one F and exactly one backward (``B`` then ``W``,
+        or ``BW``); on its device B comes after F and W after B; an OFFLOAD follows its F
+        and precedes its RELOAD, which precedes the backward. Dependencies *across*
+        devices are the simulator's to check (a cyclic wait is reported there).
+        """
+        S, D, M = self.stages, self.devices, self.microbatches
+        if S < 1 or D < 1 or M < 1:
+            raise InvalidScheduleError(f"schedule '{self.name}': stages, devices and "
+                                       f"microbatches must be positive")
+        if len(self.placement) != S:
+            raise InvalidScheduleError(
+                f"schedule '{self.name}': placement lists {len(self.placement)} stages, "
+                f"expected {S}")
+        for s, d in enumerate(self.placement):
+            if not 0 <= d < D:
+                raise InvalidScheduleError(f"schedule '{self.name}': stage {s} is placed on "
+                                           f"unknown device {d}")
+        if S % D or any(self.placement.count(d) != S // D for d in range(D)):
+            raise InvalidScheduleError(f"schedule '{self.name}': placement {self.placement} "
+                                       f"does not give every device the same number of stages")
+        if len(self.actions) != D:
+            raise InvalidScheduleError(f"schedule '{self.name}': has action lists for "
+                                       f"{len(self.actions)} devices, expected {D}")
+        seen: dict[tuple[Op, int, int], int] = {}
+        for device, acts in enumerate(self.actions):
+            position: dict[tuple[Op, int, int], int] = {}
+            for index, action in enumerate(acts):
+                where = f"schedule '{self.name}', device {device}, action #{index} {action}"
+                if not 0 <= action.stage < S:
+                    raise InvalidScheduleError(f"{where}: unknown stage (there are {S})")
+                if self.placement[action.stage] != device:
+                    raise InvalidScheduleError(
+                        f"{where}: stage {action.stage} is placed on device "
+                        f"{self.placement[action.stage]}, so a stage would run on two devices")
+                if not 0 <= action.microbatch < M:
+                    raise InvalidScheduleError(f"{where}: unknown microbatch (there are {M})")
+                if action.op.is_transfer and not 0.0 < action.fraction <= 1.0:
+                    raise InvalidScheduleError(f"{where}: fraction must be in (0, 1]")
+                if action.key in seen:
+                    raise InvalidScheduleError(f"{where}: duplicated (already at device "
+                                               f"{seen[action.key]})")
+                seen[action.key] = device
+                position[action.key] = index
+                s, m = action.stage, action.microbatch
+                before = {
+                    Op.B: [(Op.F, "its F")],
+                    Op.BW: [(Op.F, "its F")],
+                    Op.W: [(Op.B, "its B")],
+                    Op.OFFLOAD: [(Op.F, "its F")],
+                    Op.RELOAD: [(Op.OFFLOAD, "an OFFLOAD")],
+                }.get(action.op, [])
+                for need, label in before:
+                    if (need, s, m) not in position:
+                        raise InvalidScheduleError(f"{where}: comes before {label}")
+                if action.op in (Op.B, Op.BW):
+                    if (Op.OFFLOAD, s, m) in position and (Op.RELOAD, s, m) not in position:
+                        raise InvalidScheduleError(f"{where}: its activations were offloaded "
+                                                   f"and not reloaded before it")
+                if action.op is Op.RELOAD:
+                    offload = acts[position[(Op.OFFLOAD, s, m)]]
+                    if offload.fraction != action.fraction:
+                        raise InvalidScheduleError(f"{where}: moves a different fraction than "
+                                                   f"its OFFLOAD")
+                if action.op is Op.OFFLOAD and ((Op.B, s, m) in position
+                                                or (Op.BW, s, m) in position):
+                    raise InvalidScheduleError(f"{where}: comes after the backward")
+        for s in range(S):
+            for m in range(M):
+                where = f"schedule '{self.name}': stage {s}, microbatch {m}"
+                if (Op.F, s, m) not in seen:
+                    raise InvalidScheduleError(f"{where} has no F")
+                has_b, has_w, has_bw = ((op, s, m) in seen for op in (Op.B, Op.W, Op.BW))
+                if has_bw and (has_b or has_w):
+                    raise InvalidScheduleError(f"{where} has both a fused BW and a split B/W")
+                if not has_bw and not (has_b and has_w):
+                    missing = "B" if not has_b else "W"
+                    raise InvalidScheduleError(f"{where} has no {missing} (and no fused BW)")
+                if (Op.OFFLOAD, s, m) in seen and (Op.RELOAD, s, m) not in seen:
+                    raise InvalidScheduleError(f"{where} is offloaded and never reloaded")
+        return self
+
+    def check_fits(self, problem_stages: int, problem_devices: int, microbatches: int) -> None:
+        """Reject a schedule made for a different pipeline than the problem describes."""
+        if self.devices != problem_devices or self.stages % problem_devices:
+            raise OptPipeError(
+                f"schedule '{self.name}' is for {self.devices} devices but the problem has "
+                f"{problem_devices}; generate or solve it for this problem")
+        if self.microbatches != microbatches:
+            raise OptPipeError(
+                f"schedule '{self.name}' is for {self.microbatches} microbatches but the "
+                f"problem has {microbatches}; generate or solve it for this problem")
+
+    # ------------------------------------------------------------------- JSON
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": "optpipe-schedule",
+            "version": FORMAT_VERSION,
+            "name": self.name,
+            "stages": self.stages,
+            "devices": self.devices,
+            "microbatches": self.microbatches,
+            "placement": list(self.placement),
+            "provenance": self.provenance,
+            "actions": [[a.to_json() for a in acts] for acts in self.actions],
+        }
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+
+
+def schedule_from_dict(data: Any, origin: str = "schedule") -> Schedule:
+    """Parse and validate schedule JSON data; errors name ``origin`` and the bad field."""
+    if not isinstance(data, dict) or data.get("format") != "optpipe-schedule":
+        raise InvalidScheduleError(f"{origin} is not an optpipe schedule (no "
+                                   f"\"format\": \"optpipe-schedule\")")
+    version = data.get("version")
+    if version != FORMAT_VERSION:
+        raise InvalidScheduleError(f"{origin} has format version {version!r}; this optpipe "
+                                   f"reads version {FORMAT_VERSION}")
+    try:
+        actions = []
+        for device, items in enumerate(data["actions"]):
+            acts = []
+            for index, item in enumerate(items):
+                if not isinstance(item, list) or len(item) not in (3, 4):
+                    raise InvalidScheduleError(
+                        f"{origin}: device {device}, action #{index} {item!r} is not "
+                        f"[op, stage, microbatch] or [op, stage, microbatch, fraction]")
+                try:
+                    op = Op(item[0])
+                except ValueError:
+                    raise InvalidScheduleError(
+                        f"{origin}: device {device}, action #{index} has unknown op "
+                        f"{item[0]!r}; known: {[o.value for o in Op]}") from None
+                if not all(isinstance(x, int) and not isinstance(x, bool) for x in item[1:3]):
+                    raise InvalidScheduleError(f"{origin}: device {device}, action #{index} "
+                                               f"{item!r}: stage and microbatch must be integers")
+                fraction = float(item[3]) if len(item) == 4 else 1.0
+                acts.append(Action(op, item[1], item[2], fraction))
+            actions.append(acts)
+        schedule = Schedule(
+            name=str(data.get("name", origin)),
+            stages=int(data["stages"]),
+            devices=int(data["devices"]),
+            microbatches=int(data["microbatches"]),
+            placement=[int(d) for d in data["placement"]],
+            actions=actions,
+            provenance=dict(data.get("provenance") or {}),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InvalidScheduleError(f"{origin} is missing or has a malformed field: "
+                                   f"{exc}") from None
+    return schedule.validate()
+
+
+def load_schedule(path: str | Path) -> Schedule:
+    """Read and validate a schedule JSON file."""
+    path = Path(path)
+    if not path.is_file():
+        raise OptPipeError(f"schedule file {str(path)!r} does not exist")
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidScheduleError(f"schedule file {str(path)!r} is not valid JSON: "
+                                   f"{exc}") from None
+    return schedule_from_dict(data, origin=f"schedule file {str(path)!r}")
+
+
+def linear_placement(devices: int) -> list[int]:
+    """One stage per device."""
+    return list(range(devices))
+
+
+def interleaved_placement(devices: int, chunks: int) -> list[int]:
+    """Stage s on device s mod D (Megatron's interleaved virtual stages)."""
+    return [s % devices for s in range(devices * chunks)]
+
+
+def v_placement(devices: int) -> list[int]:
+    """Two chunks per device in a V: stages 0..D-1 go down, D..2D-1 come back up."""
+    return list(range(devices)) + list(range(devices - 1, -1, -1))
+
+
+def from_orders(name: str, placement: list[int], microbatches: int,
+                orders: Iterable[Iterable[tuple[str | Op, int, int]]],
+                provenance: dict[str, Any] | None = None) -> Schedule:
+    """Build and validate a schedule from per-device ``(op, stage, microbatch)`` tuples."""
+    actions = [[Action(Op(op), stage, mb) for op, stage, mb in device_order]
+               for device_order in orders]
+    devices = max(placement) + 1
+    return Schedule(name=name, stages=len(placement), devices=devices,
+                    microbatches=microbatches, placement=list(placement), actions=actions,
+                    provenance=provenance or {"source": "generator", "name": name}).validate()
