@@ -1,0 +1,215 @@
+"""Options and output shared by every ``optpipe`` subcommand.
+
+Every command that needs a problem takes it the same way: ``--problem FILE``, or presets
+(``--model``, ``--hardware``, ``--stages``, ``--microbatches``, ...), with ``--mem`` as the
+per-device budget either way. Every command that needs a schedule takes ``--schedule``
+as a generator name or a schedule file. Keeping this in one module is what makes the
+commands behave alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from optpipe.errors import OptPipeError
+from optpipe.problem import Problem, load_problem
+from optpipe.schedule import Schedule, load_schedule
+from optpipe.simulator import SimResult
+from optpipe.units import format_bytes, format_seconds, parse_bytes, parse_seconds
+
+
+def add_problem_args(parser: argparse.ArgumentParser) -> None:
+    """Add ``--problem`` / preset options and ``--mem`` to a subcommand."""
+    group = parser.add_argument_group("problem (a file, or presets)")
+    group.add_argument("--problem", metavar="FILE",
+                       help="problem file (.toml or .json); see the README for its schema")
+    group.add_argument("--model", help="model preset (see `optpipe presets`), "
+                                       "default: the cost model's default")
+    group.add_argument("--hardware", help="hardware preset, e.g. h100-80gb")
+    group.add_argument("--stages", type=int, help="pipeline stages = devices (default 8)")
+    group.add_argument("--microbatches", type=int, help="microbatches per step")
+    group.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (default 1)")
+    group.add_argument("--dp", type=int, default=1,
+                       help="data-parallel degree, for the sharded optimizer (default 1)")
+    group.add_argument("--micro-batch-size", type=int, default=1,
+                       help="sequences per microbatch (default 1)")
+    group.add_argument("--seq-len", type=int, help="sequence length (default: the model's)")
+    group.add_argument("--recompute", action="store_true",
+                       help="full activation recomputation")
+    group.add_argument("--sharded-optimizer", action="store_true",
+                       help="shard optimizer state over --dp ranks (ZeRO-1)")
+    group.add_argument("--no-flash-attention", action="store_true",
+                       help="count the attention score matrices in activations")
+    group.add_argument("--mem", metavar="BYTES",
+                       help="memory budget per device, e.g. 80GB or 75GiB "
+                            "(default: the hardware's memory, or the file's budget)")
+    group.add_argument("--p2p", metavar="TIME", help="override the p2p latency, e.g. 0.1ms")
+
+
+def problem_from_args(args: argparse.Namespace) -> Problem:
+    """The problem the options describe; every mistake is one :class:`OptPipeError` line."""
+    budget = parse_bytes(args.mem, "--mem") if getattr(args, "mem", None) else None
+    if budget is not None and budget <= 0:
+        raise OptPipeError("--mem must be positive, e.g. --mem 80GB")
+    if getattr(args, "problem", None):
+        preset_flags = [f for f in ("model", "hardware", "seq_len") if getattr(args, f, None)]
+        if preset_flags:
+            raise OptPipeError(f"--problem cannot be combined with --{preset_flags[0].replace('_', '-')}; "
+                               f"choose a problem file or presets")
+        problem = load_problem(args.problem)
+        if args.stages is not None and args.stages != problem.stages:
+            raise OptPipeError(f"--stages {args.stages} disagrees with the problem file's "
+                               f"{problem.stages} stages; drop --stages")
+        if args.microbatches is not None and args.microbatches != problem.microbatches:
+            from dataclasses import replace
+            problem = replace(problem, microbatches=args.microbatches)
+    else:
+        from optpipe import costmodel
+
+        stages = args.stages if args.stages is not None else 8
+        if stages < 1:
+            raise OptPipeError(f"--stages must be at least 1, got {stages}")
+        problem = costmodel.build_problem(
+            args.model or costmodel.DEFAULT_MODEL,
+            args.hardware or costmodel.DEFAULT_HARDWARE,
+            stages=stages,
+            microbatches=(args.microbatches if args.microbatches is not None
+                          else costmodel.DEFAULT_MICROBATCHES),
+            tp=args.tp, dp=args.dp, micro_batch_size=args.micro_batch_size,
+            seq_len=args.seq_len,
+            recompute=args.recompute, sharded_optimizer=args.sharded_optimizer,
+            flash_attention=not args.no_flash_attention)
+    if budget is not None:
+        problem = problem.with_budget(budget)
+    if getattr(args, "p2p", None):
+        from dataclasses import replace
+        problem = replace(problem, p2p=parse_seconds(args.p2p, "--p2p"))
+    return problem
+
+
+def add_schedule_args(parser: argparse.ArgumentParser, default: str | None = "1f1b") -> None:
+    """Add ``--schedule NAME|FILE`` (and ``--chunks`` for chunked generators)."""
+    parser.add_argument("--schedule", default=default, metavar="NAME|FILE",
+                        help="a generator name (gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, "
+                             "zb-v, zb-auto, pipeoffload) or a schedule JSON file"
+                             + (f" (default {default})" if default else ""))
+    parser.add_argument("--chunks", type=int, default=None,
+                        help="model chunks per device for interleaved-1f1b (default 2)")
+
+
+def schedule_from_args(args: argparse.Namespace, problem: Problem) -> Schedule:
+    """Generate the named schedule for ``problem``, or load and check a schedule file."""
+    from optpipe.generators import GENERATORS, generate
+
+    name = args.schedule
+    if name in GENERATORS:
+        options: dict[str, Any] = {}
+        if getattr(args, "chunks", None):
+            options["chunks"] = args.chunks
+        return generate(name, problem, **options)
+    if Path(name).suffix.lower() == ".json" or Path(name).exists():
+        schedule = load_schedule(name)
+        schedule.check_fits(problem.stages, problem.devices, problem.microbatches)
+        return schedule
+    raise OptPipeError(f"--schedule {name!r} is neither a schedule file nor a known schedule; "
+                       f"known: {', '.join(GENERATORS)}")
+
+
+def compare_all(problem: Problem, names: Sequence[str] | None = None
+                ) -> list[tuple[str, SimResult | None, str]]:
+    """Simulate every applicable fixed schedule: (name, result or None, note)."""
+    from optpipe.generators import GENERATORS, applicable, generate
+    from optpipe.simulator import simulate
+
+    rows: list[tuple[str, SimResult | None, str]] = []
+    for name in names or list(GENERATORS):
+        reason = applicable(name, problem)
+        if reason is not True:
+            rows.append((name, None, str(reason)))
+            continue
+        try:
+            result = simulate(problem, generate(name, problem))
+        except OptPipeError as exc:
+            rows.append((name, None, str(exc)))
+            continue
+        rows.append((name, result, ""))
+    return rows
+
+
+def _peaks(result: SimResult) -> str:
+    gib = [p / 2**30 for p in result.peak_memory]
+    return " ".join(f"{g:.1f}" for g in gib)
+
+
+def print_comparison(rows: Sequence[tuple[str, SimResult | None, str]],
+                     problem: Problem, title: str | None = None,
+                     solver_info: dict[str, Any] | None = None, file: Any = None) -> None:
+    """A table of schedules: makespan, bubble rate, peak memory per device, fits or not.
+
+    ``solver_info`` (status, bound, gap) is shown on the row of a solved schedule.
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(file=file or sys.stdout, width=max(100, 40 + 6 * problem.devices))
+    budget = problem.budget[0] if len(set(problem.budget)) == 1 else None
+    caption = (f"budget {format_bytes(budget)} per device" if budget not in (None, float("inf"))
+               else "budget per device varies" if budget is None else "no memory budget")
+    table = Table(title=title or f"{problem.name}: {problem.stages} stages x "
+                                 f"{problem.microbatches} microbatches, {caption}")
+    table.add_column("schedule")
+    table.add_column("makespan", justify="right")
+    table.add_column("bubble", justify="right")
+    table.add_column("peak memory per device (GiB)")
+    table.add_column("fits", justify="center")
+    table.add_column("note")
+    best = min((r.makespan for _, r, _ in rows if r is not None and r.fits), default=None)
+    for name, result, note in rows:
+        if result is None:
+            table.add_row(name, "-", "-", "-", "-", note)
+            continue
+        if solver_info and result.schedule.provenance.get("source") == "solver":
+            note = note or _solver_note(result.schedule.provenance)
+        mark = "[green]yes[/]" if result.fits else "[red]no[/]"
+        span = format_seconds(result.makespan)
+        if best is not None and result.fits and result.makespan == best:
+            span = f"[bold]{span}[/]"
+        table.add_row(name, span, f"{result.bubble_rate:.1%}", _peaks(result), mark, note)
+    console.print(table)
+
+
+def _solver_note(provenance: dict[str, Any]) -> str:
+    parts = [str(provenance.get("solver", "")), str(provenance.get("status", ""))]
+    if provenance.get("bound") is not None:
+        parts.append(f"bound {format_seconds(float(provenance['bound']))}")
+    if provenance.get("gap") is not None:
+        parts.append(f"gap {float(provenance['gap']):.2%}")
+    return " ".join(p for p in parts if p)
+
+
+def comparison_json(rows: Sequence[tuple[str, SimResult | None, str]]) -> list[dict[str, Any]]:
+    out = []
+    for name, result, note in rows:
+        item: dict[str, Any] = {"schedule": name, "note": note}
+        if result is not None:
+            item.update(result.to_json(actions=False))
+            item["schedule"] = name
+        out.append(item)
+    return out
+
+
+def print_json(data: Any) -> None:
+    json.dump(data, sys.stdout, indent=1, default=_json_default)
+    sys.stdout.write("\n")
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, float) and value == float("inf"):
+        return None
+    if hasattr(value, "value"):
+        return value.value
+    raise TypeError(f"not JSON serializable: {type(value).__name__}")

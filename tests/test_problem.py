@@ -1,0 +1,115 @@
+"""Problem files, validation, splitting into chunks and the content hash."""
+
+import json
+
+import pytest
+
+from optpipe.errors import OptPipeError
+from optpipe.problem import (load_problem, problem_from_dict, problem_to_toml,
+                             uniform_problem)
+from optpipe.schedule import interleaved_placement, v_placement
+
+ISSUE_EXAMPLE = '''
+stages = 8
+microbatches = 24
+[time]
+forward = "18.522ms"
+backward_input = "18.086ms"
+backward_weight = "9.337ms"
+p2p = "0.601ms"
+[memory]
+activation = "10MiB"
+freed_by_backward_input = "6MiB"
+freed_by_backward_weight = "4MiB"
+static = "0"
+budget = "80GB"
+[offload]
+d2h_bandwidth = "25GB/s"
+h2d_bandwidth = "25GB/s"
+'''
+
+
+def test_issue_example_loads(tmp_path):
+    path = tmp_path / "p.toml"
+    path.write_text(ISSUE_EXAMPLE)
+    p = load_problem(path)
+    assert p.stages == 8 and p.microbatches == 24 and p.devices == 8
+    assert p.forward == (0.018522,) * 8
+    assert p.activation == (10 * 2**20,) * 8
+    assert p.freed_by_b == (6 * 2**20,) * 8 and p.freed_by_w == (4 * 2**20,) * 8
+    assert p.budget == (80e9,) * 8
+    assert p.p2p == pytest.approx(0.601e-3)
+    assert p.d2h_bandwidth == 25e9
+
+
+def test_per_stage_lists_and_derived_weight_release():
+    p = problem_from_dict({"stages": 2, "microbatches": 4,
+                           "time": {"forward": ["1ms", "2ms"], "backward_input": "1ms"},
+                           "memory": {"activation": [100, 200], "freed_by_backward_input": 60}})
+    assert p.forward == (0.001, 0.002)
+    assert p.freed_by_w == (40, 140)
+    assert p.backward_weight == (0.0, 0.0)
+    assert p.budget == (float("inf"),) * 2
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"stages": 0}, "stages must be at least 1"),
+    ({"time": {"forward": ["1ms"] * 3, "backward_input": "1ms"}}, "3 values but there are 2"),
+    ({"memory": {"activation": 10, "freed_by_backward_input": 6,
+                 "freed_by_backward_weight": 6}}, "must equal activation"),
+    ({"memory": {"activation": "10 apples"}}, "512MiB"),
+    ({"colour": "red"}, "unknown problem key"),
+    ({"time": {"forward": "1ms", "backward_input": "1ms", "bogus": 1}}, "unknown key"),
+])
+def test_bad_problems_are_named(change, message):
+    data = {"stages": 2, "microbatches": 4, "time": {"forward": "1ms", "backward_input": "1ms"},
+            "memory": {"activation": 10}}
+    data.update(change)
+    with pytest.raises(OptPipeError, match=message):
+        problem_from_dict(data)
+
+
+def test_corrupt_file(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("stages = = 3")
+    with pytest.raises(OptPipeError, match="not valid TOML"):
+        load_problem(bad)
+    with pytest.raises(OptPipeError, match="does not exist"):
+        load_problem(tmp_path / "missing.toml")
+
+
+def test_round_trips_through_toml_and_json(tmp_path):
+    p = uniform_problem(4, 8, forward=1e-3, backward_input=2e-3, backward_weight=1e-3,
+                        p2p=1e-4, activation=1000, static=5, budget=9000)
+    path = tmp_path / "p.toml"
+    path.write_text(problem_to_toml(p))
+    q = load_problem(path)
+    assert q.hash() == p.hash()
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(p.to_dict()))
+    assert load_problem(path).hash() == p.hash()
+
+
+def test_hash_ignores_name_but_not_content():
+    a = uniform_problem(4, 8, name="a")
+    assert a.hash() == uniform_problem(4, 8, name="b").hash()
+    assert a.hash() != uniform_problem(4, 9).hash()
+
+
+def test_split_interleaved_and_v():
+    p = problem_from_dict({"stages": 2, "microbatches": 4,
+                           "time": {"forward": ["2ms", "4ms"], "backward_input": "2ms"},
+                           "memory": {"activation": [100, 201], "freed_by_backward_input": 50}})
+    q = p.split(interleaved_placement(2, 2))
+    assert q.stages == 4 and q.devices == 2 and q.chunks == 2
+    assert q.forward == pytest.approx((1e-3, 2e-3, 1e-3, 2e-3))
+    assert all(b + w == a for a, b, w in zip(q.activation, q.freed_by_b, q.freed_by_w))
+    v = p.split(v_placement(2))
+    assert v.forward == pytest.approx((1e-3, 2e-3, 2e-3, 1e-3))
+    with pytest.raises(OptPipeError, match="equally"):
+        p.split([0, 0, 1])
+
+
+def test_activation_budget():
+    p = uniform_problem(4, 8, activation=1000, static=500)
+    assert p.activation_budget(2).budget == (2500.0,) * 4
