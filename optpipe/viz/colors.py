@@ -71,8 +71,8 @@ def text_color(background: str) -> str:
 
 
 def device_colors(devices: int) -> list[str]:
-    """One colour per device along viridis, stopping short of its pale yellow end."""
+    """One colour per device along viridis, stopping before its pale yellow end (invisible on white)."""
     cmap = colormaps["viridis"]
     if devices == 1:
         return [to_hex(cmap(0.35))]
-    return [to_hex(cmap(0.9 * d / (devices - 1))) for d in range(devices)]
+    return [to_hex(cmap(0.82 * d / (devices - 1))) for d in range(devices)]

@@ -12,10 +12,16 @@ from optpipe.simulator import SimResult
 from optpipe.units import format_bytes, format_seconds
 
 
-def shape(result: SimResult) -> str:
-    """``8 devices × 32 microbatches`` (plus chunks per device when there are several)."""
+def pipeline(result: SimResult) -> str:
+    """``8 devices × 32 microbatches``: the size of the pipeline, whatever the schedule."""
     sched = result.schedule
-    text = f"{sched.devices} devices × {sched.microbatches} microbatches"
+    return f"{sched.devices} devices × {sched.microbatches} microbatches"
+
+
+def shape(result: SimResult) -> str:
+    """:func:`pipeline`, plus chunks per device when there are several."""
+    sched = result.schedule
+    text = pipeline(result)
     if sched.chunks > 1:
         text += f", {sched.chunks} chunks/device"
     return text

@@ -15,11 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.text import Annotation
 
 from optpipe.errors import OptPipeError
+from optpipe.viz.colors import INK, MUTED, OVER_BUDGET
 
-#: Extensions we write, and the magic bytes the files start with (used by tests).
+#: Extensions we write, and the matplotlib format of each.
 FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf"}
 
 
@@ -99,6 +102,7 @@ def stack_panels(page: Page, heights: list[float], gaps: list[float]) -> tuple[F
     """
     total = page.top + page.bottom + sum(heights) + sum(gaps[:len(heights) - 1])
     fig = Figure(figsize=(page.width, total))
+    FigureCanvasAgg(fig)  # Agg, explicitly: never a GUI backend, whatever the environment
     axes: list[Axes] = []
     y = total - page.top
     for i, h in enumerate(heights):
@@ -119,14 +123,24 @@ def axes_points(ax: Axes) -> tuple[float, float]:
     return box.width * w_in * 72.0, box.height * h_in * 72.0
 
 
-def header(fig: Figure, title: str, subtitle: str, top_in: float = 0.12) -> None:
-    """Bold title and a smaller grey line of figures under it, at the page's top left."""
-    from optpipe.viz.colors import INK, MUTED
+def header(fig: Figure, title: str, subtitle: str, *, note: str = "", warn: bool = False,
+           top_in: float = 0.12) -> None:
+    """Bold title, then a grey line of figures and an optional note after them.
 
+    A ``warn`` note (e.g. "OVER budget …") is bold in the warning colour so a schedule
+    that does not fit can never pass for one that does.
+    """
     w_in, h_in = fig.get_size_inches()
     x = 0.2 / w_in
     fig.text(x, 1 - top_in / h_in, title, ha="left", va="top", fontsize=13,
              fontweight="bold", color=INK)
-    if subtitle:
-        fig.text(x, 1 - (top_in + 0.3) / h_in, subtitle, ha="left", va="top", fontsize=9.5,
-                 color=MUTED)
+    if note and not warn:
+        subtitle, note = f"{subtitle} · {note}", ""
+    line = fig.text(x, 1 - (top_in + 0.3) / h_in, subtitle, ha="left", va="top",
+                    fontsize=9.5, color=MUTED)
+    if note:
+        # a warning: anchored to the subtitle's box, so it follows it whatever its length
+        fig.add_artist(Annotation(
+            note, xy=(1.0, 0.0), xycoords=line, xytext=(6, 0),
+            textcoords="offset points", ha="left", va="bottom", fontsize=9.5,
+            color=OVER_BUDGET, fontweight="bold"))
