@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import csv
 import io
-import statistics
 from pathlib import Path
 
 from optpipe.schedule import Op, Schedule
@@ -22,12 +21,15 @@ _TORCH_TYPE = {Op.F: "F", Op.B: "I", Op.W: "W", Op.BW: "B"}
 
 
 def torch_rows(schedule: Schedule, result: SimResult | None = None) -> list[list[str]]:
-    """Cells per rank; with a simulation, idle gaps become empty cells (one per typical slot)."""
+    """Cells per rank; with a simulation, idle gaps become empty cells.
+
+    A slot is the shortest compute action, so a gap of k such actions is k empty cells.
+    """
     if result is None:
         return [[f"{a.stage}{_TORCH_TYPE[a.op]}{a.microbatch}" for a in acts if a.op.is_compute]
                 for acts in schedule.actions]
     compute = [r for r in result.records if r.lane == COMPUTE]
-    slot = statistics.median(r.end - r.start for r in compute) or 1.0
+    slot = min((r.end - r.start for r in compute if r.end > r.start), default=1.0)
     rows: list[list[str]] = [[] for _ in range(schedule.devices)]
     clock = [result.start_time] * schedule.devices
     for rec in sorted(compute, key=lambda r: (r.device, r.start)):
