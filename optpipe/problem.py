@@ -138,8 +138,19 @@ class Problem:
                                f"stages on every device")
         if chunks == 1 and placement == list(range(self.devices)):
             return self
-        activation = [self.activation[d] // chunks for d in placement]
-        freed_b = [self.freed_by_b[d] // chunks for d in placement]
+        # chunk j of a device gets an equal share, the first (bytes mod v) chunks one byte
+        # more, so that every device's chunks add up to its base stage exactly
+        chunk_index = [placement[:s].count(d) for s, d in enumerate(placement)]
+
+        def share(values: Sequence[int]) -> list[int]:
+            return [values[d] // chunks + (1 if j < values[d] % chunks else 0)
+                    for d, j in zip(placement, chunk_index)]
+
+        activation = share(self.activation)
+        freed_b = share(self.freed_by_b)
+        freed_w = share(self.freed_by_w)
+        if any(b + w != a for a, b, w in zip(activation, freed_b, freed_w)):
+            freed_w = [a - b for a, b in zip(activation, freed_b)]
         return replace(
             self,
             stages=len(placement),
@@ -148,7 +159,7 @@ class Problem:
             backward_weight=tuple(self.backward_weight[d] / chunks for d in placement),
             activation=tuple(activation),
             freed_by_b=tuple(freed_b),
-            freed_by_w=tuple(a - b for a, b in zip(activation, freed_b)),
+            freed_by_w=tuple(freed_w),
             meta={**self.meta, "placement": placement},
         )
 

@@ -144,59 +144,64 @@ class Schedule:
         for device, acts in enumerate(self.actions):
             position: dict[tuple[Op, int, int], int] = {}
             for index, action in enumerate(acts):
-                where = f"schedule '{self.name}', device {device}, action #{index} {action}"
-                if not 0 <= action.stage < S:
-                    raise InvalidScheduleError(f"{where}: unknown stage (there are {S})")
-                if self.placement[action.stage] != device:
+                problem = self._action_problem(device, action, position, seen, acts)
+                if problem:
                     raise InvalidScheduleError(
-                        f"{where}: stage {action.stage} is placed on device "
-                        f"{self.placement[action.stage]}, so a stage would run on two devices")
-                if not 0 <= action.microbatch < M:
-                    raise InvalidScheduleError(f"{where}: unknown microbatch (there are {M})")
-                if action.op.is_transfer and not 0.0 < action.fraction <= 1.0:
-                    raise InvalidScheduleError(f"{where}: fraction must be in (0, 1]")
-                if action.key in seen:
-                    raise InvalidScheduleError(f"{where}: duplicated (already at device "
-                                               f"{seen[action.key]})")
+                        f"schedule '{self.name}', device {device}, action #{index} "
+                        f"{action}: {problem}")
                 seen[action.key] = device
                 position[action.key] = index
-                s, m = action.stage, action.microbatch
-                before = {
-                    Op.B: [(Op.F, "its F")],
-                    Op.BW: [(Op.F, "its F")],
-                    Op.W: [(Op.B, "its B")],
-                    Op.OFFLOAD: [(Op.F, "its F")],
-                    Op.RELOAD: [(Op.OFFLOAD, "an OFFLOAD")],
-                }.get(action.op, [])
-                for need, label in before:
-                    if (need, s, m) not in position:
-                        raise InvalidScheduleError(f"{where}: comes before {label}")
-                if action.op in (Op.B, Op.BW):
-                    if (Op.OFFLOAD, s, m) in position and (Op.RELOAD, s, m) not in position:
-                        raise InvalidScheduleError(f"{where}: its activations were offloaded "
-                                                   f"and not reloaded before it")
-                if action.op is Op.RELOAD:
-                    offload = acts[position[(Op.OFFLOAD, s, m)]]
-                    if offload.fraction != action.fraction:
-                        raise InvalidScheduleError(f"{where}: moves a different fraction than "
-                                                   f"its OFFLOAD")
-                if action.op is Op.OFFLOAD and ((Op.B, s, m) in position
-                                                or (Op.BW, s, m) in position):
-                    raise InvalidScheduleError(f"{where}: comes after the backward")
         for s in range(S):
             for m in range(M):
-                where = f"schedule '{self.name}': stage {s}, microbatch {m}"
-                if (Op.F, s, m) not in seen:
-                    raise InvalidScheduleError(f"{where} has no F")
-                has_b, has_w, has_bw = ((op, s, m) in seen for op in (Op.B, Op.W, Op.BW))
-                if has_bw and (has_b or has_w):
-                    raise InvalidScheduleError(f"{where} has both a fused BW and a split B/W")
-                if not has_bw and not (has_b and has_w):
-                    missing = "B" if not has_b else "W"
-                    raise InvalidScheduleError(f"{where} has no {missing} (and no fused BW)")
-                if (Op.OFFLOAD, s, m) in seen and (Op.RELOAD, s, m) not in seen:
-                    raise InvalidScheduleError(f"{where} is offloaded and never reloaded")
+                has_f, has_b, has_w, has_bw, has_off, has_re = (
+                    (op, s, m) in seen for op in (Op.F, Op.B, Op.W, Op.BW, Op.OFFLOAD, Op.RELOAD))
+                problem = ("has no F" if not has_f
+                           else "has both a fused BW and a split B/W" if has_bw and (has_b or has_w)
+                           else f"has no {'B' if not has_b else 'W'} (and no fused BW)"
+                           if not has_bw and not (has_b and has_w)
+                           else "is offloaded and never reloaded" if has_off and not has_re
+                           else "")
+                if problem:
+                    raise InvalidScheduleError(
+                        f"schedule '{self.name}': stage {s}, microbatch {m} {problem}")
         return self
+
+    _NEEDS_BEFORE = {
+        Op.B: (Op.F, "its F"), Op.BW: (Op.F, "its F"), Op.W: (Op.B, "its B"),
+        Op.OFFLOAD: (Op.F, "its F"), Op.RELOAD: (Op.OFFLOAD, "an OFFLOAD"),
+    }
+
+    def _action_problem(self, device: int, action: Action,
+                        position: dict[tuple[Op, int, int], int],
+                        seen: dict[tuple[Op, int, int], int], acts: list[Action]) -> str:
+        """What is wrong with one action given those before it ('' when nothing is).
+
+        Kept separate so that the common, valid case builds no message strings.
+        """
+        S, M = self.stages, self.microbatches
+        s, m = action.stage, action.microbatch
+        if not 0 <= s < S:
+            return f"unknown stage (there are {S})"
+        if self.placement[s] != device:
+            return (f"stage {s} is placed on device {self.placement[s]}, so a stage would "
+                    f"run on two devices")
+        if not 0 <= m < M:
+            return f"unknown microbatch (there are {M})"
+        if action.op.is_transfer and not 0.0 < action.fraction <= 1.0:
+            return "fraction must be in (0, 1]"
+        if action.key in seen:
+            return f"duplicated (already at device {seen[action.key]})"
+        need = self._NEEDS_BEFORE.get(action.op)
+        if need is not None and (need[0], s, m) not in position:
+            return f"comes before {need[1]}"
+        if action.op in (Op.B, Op.BW) and (Op.OFFLOAD, s, m) in position \
+                and (Op.RELOAD, s, m) not in position:
+            return "its activations were offloaded and not reloaded before it"
+        if action.op is Op.RELOAD and acts[position[(Op.OFFLOAD, s, m)]].fraction != action.fraction:
+            return "moves a different fraction than its OFFLOAD"
+        if action.op is Op.OFFLOAD and ((Op.B, s, m) in position or (Op.BW, s, m) in position):
+            return "comes after the backward"
+        return ""
 
     def check_fits(self, problem_stages: int, problem_devices: int, microbatches: int) -> None:
         """Reject a schedule made for a different pipeline than the problem describes."""
