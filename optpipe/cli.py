@@ -152,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:  # a part not installed in this build
-            if exc.name != module_name:
+            if not exc.name or not module_name.startswith(exc.name):
                 raise
             continue
         module.register(sub)
