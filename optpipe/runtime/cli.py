@@ -1,0 +1,267 @@
+"""``optpipe profile`` and ``optpipe run``: measure a real model, run a schedule on it.
+
+``optpipe profile --model tiny-gpt --stages 4 --microbatches 8 -o problem.toml`` builds
+the reference GPT from a model preset, measures each stage (F, B, W times, kept bytes,
+bytes freed by B and W, static bytes, host-link bandwidth, p2p latency) and writes a
+problem file every other command accepts.
+
+``optpipe run --model tiny-gpt --schedule 1f1b --stages 4 --steps 3`` starts one
+process per device on this machine (gloo on CPU, NCCL with a GPU per device), trains a
+few steps with the schedule, and prints the measured step time and peak memory next
+to the simulator's prediction on the profiled problem (``--problem FILE`` to reuse a
+profile). ``--gantt FILE`` draws the measured step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+from optpipe.errors import OptPipeError
+from optpipe.units import format_bytes, format_seconds, parse_bytes, parse_seconds
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``profile`` and ``run`` subcommands to the ``optpipe`` parser."""
+    from optpipe.cli_common import add_schedule_args
+
+    p = subparsers.add_parser(
+        "profile", help="measure a real model's stages into a problem file",
+        description="Build the reference GPT from a model preset, measure every stage with "
+                    "the runtime and write a problem file (TOML) the optimizer accepts.")
+    _model_args(p)
+    p.add_argument("--repeats", type=int, default=3, help="recorded profiling steps (default 3)")
+    p.add_argument("-o", "--output", metavar="FILE",
+                   help="problem file to write (default: print the TOML)")
+    p.set_defaults(func=_profile)
+
+    p = subparsers.add_parser(
+        "run", help="run a schedule on real processes; measured vs simulated",
+        description="Train the reference GPT with a schedule on one process per device and "
+                    "compare the measured step time and peak memory with the simulator's "
+                    "prediction on the profiled problem.")
+    _model_args(p)
+    add_schedule_args(p)
+    p.add_argument("--problem", metavar="FILE",
+                   help="a profiled problem file to predict with (default: profile now)")
+    p.add_argument("--steps", type=int, default=3, help="recorded training steps (default 3)")
+    p.add_argument("--warmup", type=int, default=1, help="unrecorded first steps (default 1)")
+    p.add_argument("--single-process", action="store_true",
+                   help="run every stage in this process (debugging, one GPU)")
+    p.add_argument("--timeout", metavar="TIME", default="300s",
+                   help="longest wait for a peer before failing (default 300s)")
+    p.add_argument("--gantt", metavar="FILE", help="draw the measured step (PNG, SVG or PDF)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=_run)
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    group = p.add_argument_group("model and pipeline")
+    group.add_argument("--model", default="tiny-gpt",
+                       help="model preset name or .toml path (default tiny-gpt)")
+    group.add_argument("--layers", type=int, help="override the preset's layer count")
+    group.add_argument("--stages", type=int, default=4,
+                       help="pipeline stages = devices = processes (default 4)")
+    group.add_argument("--microbatches", type=int, default=8,
+                       help="microbatches per step (default 8)")
+    group.add_argument("--micro-batch-size", type=int, default=1,
+                       help="sequences per microbatch (default 1)")
+    group.add_argument("--seq-len", type=int, help="sequence length (default: the preset's)")
+    group.add_argument("--dtype", default="float32", help="float32 (default), float64, bfloat16")
+    group.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
+    group.add_argument("--partition", help="blocks per stage, e.g. 2,2,2,2 (default: balanced)")
+    group.add_argument("--optimizer", default="adam",
+                       help="adam (default), adamw, sgd, momentum or none: sets static bytes")
+    group.add_argument("--mem", metavar="BYTES", help="budget per device for the problem file")
+    group.add_argument("--p2p", metavar="TIME", default="auto",
+                       help="p2p latency for the problem: 'auto' measures a gloo ping-pong of "
+                            "one boundary tensor (default), or e.g. 0.1ms")
+    group.add_argument("--threads", type=int,
+                       help="torch threads per process (default: CPU cores / stages)")
+    group.add_argument("--seed", type=int, default=0, help="model and data seed (default 0)")
+    group.add_argument("--profile-processes", type=int, default=1, metavar="N",
+                       help="profile in N processes at once and take medians: stage times "
+                            "under load, for ranks that share CPU cores (default 1)")
+
+
+# ------------------------------------------------------------------- helpers
+def _positive(args: argparse.Namespace, *names: str) -> None:
+    for name in names:
+        value = getattr(args, name, None)
+        if value is not None and value < 1:
+            raise OptPipeError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+
+
+def _config(args: argparse.Namespace) -> Any:
+    from optpipe.runtime.model_gpt import GPTConfig
+
+    overrides: dict[str, Any] = {}
+    if args.layers is not None:
+        overrides["layers"] = args.layers
+    if args.seq_len is not None:
+        overrides["seq_len"] = args.seq_len
+    return GPTConfig.from_preset(args.model, **overrides)
+
+
+def _partition(args: argparse.Namespace) -> list[int] | str | None:
+    if not args.partition:
+        return None
+    if args.partition in ("compute", "params"):
+        return args.partition
+    try:
+        return [int(x) for x in args.partition.split(",")]
+    except ValueError:
+        raise OptPipeError(f"--partition {args.partition!r} is not a list of block counts "
+                           f"like 2,2,2,2") from None
+
+
+def _device(args: argparse.Namespace) -> str:
+    import torch
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device not in ("cpu", "cuda"):
+        raise OptPipeError(f"--device must be cpu or cuda, got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise OptPipeError("--device cuda but torch sees no GPU; use --device cpu")
+    return device
+
+
+def _threads(args: argparse.Namespace, processes: int) -> int:
+    return args.threads or max(1, (os.cpu_count() or 1) // max(1, processes))
+
+
+def _p2p(args: argparse.Namespace, boundary: int, device: str) -> float:
+    if args.p2p != "auto":
+        return parse_seconds(args.p2p, "--p2p")
+    if args.stages < 2 or device != "cpu":
+        return 0.0
+    from optpipe.runtime.profile import measure_p2p
+
+    return measure_p2p(boundary)
+
+
+def profile_from_args(args: argparse.Namespace) -> Any:
+    """Profile the model the options describe; the problem (base: one stage per device)."""
+    from optpipe.runtime.measure import parse_dtype
+    from optpipe.runtime.profile import profile_gpt
+
+    _positive(args, "stages", "microbatches", "micro_batch_size", "layers", "seq_len",
+              "profile_processes")
+    config = _config(args)
+    device = _device(args)
+    parse_dtype(args.dtype)
+    budget = parse_bytes(args.mem, "--mem") if args.mem else float("inf")
+    processes = args.profile_processes
+    problem = profile_gpt(config, args.stages, args.microbatches,
+                          micro_batch_size=args.micro_batch_size, dtype=args.dtype,
+                          device=device, optimizer=args.optimizer,
+                          partition=_partition(args), repeats=getattr(args, "repeats", 3),
+                          budget=budget, seed=args.seed, processes=processes,
+                          threads=_threads(args, max(processes, args.stages)),
+                          name=f"{Path(args.model).stem}-profiled")
+    p2p = _p2p(args, problem.meta["boundary_bytes"], device)
+    meta = {**problem.meta, "model": args.model, "dtype": args.dtype,
+            "micro_batch_size": args.micro_batch_size, "seq_len": config.seq_len,
+            "layers": config.layers}
+    return replace(problem, p2p=p2p, meta=meta)
+
+
+# ------------------------------------------------------------------ commands
+def _profile(args: argparse.Namespace) -> int:
+    from optpipe.problem import problem_to_toml
+
+    problem = profile_from_args(args)
+    text = (f"# measured by `optpipe profile` on {problem.meta['device']}: model "
+            f"{args.model}, {args.dtype}, micro-batch size {args.micro_batch_size}, "
+            f"partition {problem.meta['partition']}\n" + problem_to_toml(problem))
+    if args.output:
+        Path(args.output).write_text(text)
+        print(f"wrote {args.output}  (F {_ms(problem.forward)}, B {_ms(problem.backward_input)}, "
+              f"W {_ms(problem.backward_weight)}, activation "
+              f"{', '.join(format_bytes(a) for a in problem.activation)} per microbatch)")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _ms(values: Any) -> str:
+    return "/".join(f"{v * 1e3:.2f}" for v in values) + " ms"
+
+
+def _run(args: argparse.Namespace) -> int:
+    from optpipe.cli_common import schedule_from_args
+    from optpipe.problem import load_problem
+    from optpipe.runtime.measure import RunSpec, compare, measure_schedule
+
+    _positive(args, "stages", "microbatches", "micro_batch_size", "steps", "layers", "seq_len")
+    if args.warmup < 0:
+        raise OptPipeError(f"--warmup must not be negative, got {args.warmup}")
+    config = _config(args)
+    device = _device(args)
+    if args.problem:
+        problem = load_problem(args.problem)
+        if problem.stages != args.stages or problem.chunks != 1:
+            raise OptPipeError(f"problem file {args.problem!r} has {problem.stages} stages but "
+                               f"--stages is {args.stages}; profile again or fix --stages")
+        if problem.microbatches != args.microbatches:
+            problem = replace(problem, microbatches=args.microbatches)
+    else:
+        problem = profile_from_args(args)
+    schedule = schedule_from_args(args, problem)
+    timeout = parse_seconds(args.timeout, "--timeout")
+    spec = RunSpec(config=asdict(config), schedule=schedule.to_dict(),
+                   micro_batch_size=args.micro_batch_size, steps=args.steps,
+                   warmup=args.warmup, dtype=args.dtype, seed=args.seed,
+                   optimizer=args.optimizer, partition=_partition(args), timeout=timeout,
+                   device=device)
+    run = measure_schedule(spec, single_process=args.single_process,
+                           threads=_threads(args, 1 if args.single_process else args.stages))
+    figures = compare(run, schedule, problem)
+    if args.gantt:
+        from optpipe.viz.gantt import plot_gantt
+
+        result = run.records[-1].to_sim_result(schedule, problem)
+        plot_gantt(result, args.gantt, title=f"{schedule.name}: measured step "
+                                             f"({run.backend}, {run.processes} processes)")
+    if args.json:
+        json.dump(figures, sys.stdout, indent=1, default=str)
+        sys.stdout.write("\n")
+    else:
+        _print(figures, schedule, problem, args)
+        if args.gantt:
+            print(f"wrote {args.gantt}")
+    return 0
+
+
+def _print(figures: dict[str, Any], schedule: Any, problem: Any,
+           args: argparse.Namespace) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=100)
+    plural = "es" if figures["processes"] > 1 else ""
+    console.print(f"{schedule.name} on {args.model}: {schedule.devices} devices, "
+                  f"{schedule.stages} stages, {schedule.microbatches} microbatches; "
+                  f"{figures['backend']}, {figures['processes']} process{plural}")
+    table = Table(title="measured vs planned")
+    table.add_column("")
+    table.add_column("measured", justify="right")
+    table.add_column("simulated (profiled problem)", justify="right")
+    table.add_column("difference", justify="right")
+    table.add_row("step time", format_seconds(figures["measured_step"]),
+                  format_seconds(figures["simulated_step"]), f"{figures['error']:+.1%}")
+    table.add_row("bubble rate", f"{figures['measured_bubble']:.1%}",
+                  f"{figures['simulated_bubble']:.1%}", "")
+    for d, (m, s) in enumerate(zip(figures["measured_peak"], figures["simulated_peak"])):
+        table.add_row(f"device {d} peak", format_bytes(m), format_bytes(s),
+                      f"{m / s - 1:+.1%}" if s else "")
+    console.print(table)
+    losses = ", ".join(f"{x:.4f}" for x in figures["losses"] if x is not None)
+    console.print(f"losses per step: {losses}")
+    console.print(f"wall time in step() (slowest rank, median): "
+                  f"{format_seconds(figures['measured_wall'])}")
