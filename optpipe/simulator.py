@@ -33,7 +33,7 @@ involved; the simulator never hangs.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from optpipe.errors import InvalidScheduleError, OptPipeError
 from optpipe.memory.accounting import duration, memory_delta
@@ -135,27 +135,37 @@ def problem_for(problem: Problem, schedule: Schedule) -> Problem:
     return problem.split(schedule.placement)
 
 
-def _dependencies(action: Action, last_stage: int, backward_op: dict[tuple[int, int], Op],
-                  offloaded: set[tuple[int, int]]) -> list[tuple[Op, int, int]]:
-    """Actions whose end must be known before ``action`` may start.
+def dependency_function(schedule: Schedule) -> Callable[[Action], list[tuple[Op, int, int]]]:
+    """For ``schedule``, a function giving the actions whose end an action must wait for.
 
-    ``backward_op[(s, m)]`` says whether (s, m) runs a split ``B`` or a fused ``BW``.
+    ``F(s, m)`` waits for ``F(s-1, m)``; ``B``/``BW(s, m)`` for its own F, the backward of
+    ``(s+1, m)`` (split ``B`` or fused ``BW``, whichever the schedule runs) and its RELOAD
+    when offloaded; ``W(s, m)`` for ``B(s, m)``; OFFLOAD for its F; RELOAD for its OFFLOAD.
+    The runtime orders a one-process run with the same function.
     """
-    s, m = action.stage, action.microbatch
-    if action.op is Op.F:
-        return [(Op.F, s - 1, m)] if s > 0 else []
-    if action.op in (Op.B, Op.BW):
-        deps = [(Op.F, s, m)]
-        if s < last_stage:
-            deps.append((backward_op[(s + 1, m)], s + 1, m))
-        if (s, m) in offloaded:
-            deps.append((Op.RELOAD, s, m))
-        return deps
-    if action.op is Op.W:
-        return [(Op.B, s, m)]
-    if action.op is Op.OFFLOAD:
-        return [(Op.F, s, m)]
-    return [(Op.OFFLOAD, s, m)]
+    backward_op = {(a.stage, a.microbatch): a.op for _, a in schedule
+                   if a.op in (Op.B, Op.BW)}
+    offloaded = {(a.stage, a.microbatch) for _, a in schedule if a.op is Op.OFFLOAD}
+    last_stage = schedule.stages - 1
+
+    def dependencies(action: Action) -> list[tuple[Op, int, int]]:
+        s, m = action.stage, action.microbatch
+        if action.op is Op.F:
+            return [(Op.F, s - 1, m)] if s > 0 else []
+        if action.op in (Op.B, Op.BW):
+            deps = [(Op.F, s, m)]
+            if s < last_stage:
+                deps.append((backward_op[(s + 1, m)], s + 1, m))
+            if (s, m) in offloaded:
+                deps.append((Op.RELOAD, s, m))
+            return deps
+        if action.op is Op.W:
+            return [(Op.B, s, m)]
+        if action.op is Op.OFFLOAD:
+            return [(Op.F, s, m)]
+        return [(Op.OFFLOAD, s, m)]
+
+    return dependencies
 
 
 def simulate(problem: Problem, schedule: Schedule, check_budget: bool = False) -> SimResult:
@@ -170,10 +180,7 @@ def simulate(problem: Problem, schedule: Schedule, check_budget: bool = False) -
     D = schedule.devices
     placement = schedule.placement
     keys = {a.key for _, a in schedule}
-    backward_op = {(a.stage, a.microbatch): a.op for _, a in schedule
-                   if a.op in (Op.B, Op.BW)}
-    offloaded = {(a.stage, a.microbatch) for _, a in schedule if a.op is Op.OFFLOAD}
-    last_stage = schedule.stages - 1
+    dependencies = dependency_function(schedule)
     end: dict[tuple[Op, int, int], float] = {}
     device_of = {k: placement[k[1]] for k in keys}
     pointer = [0] * D
@@ -188,7 +195,7 @@ def simulate(problem: Problem, schedule: Schedule, check_budget: bool = False) -
             acts = schedule.actions[d]
             while pointer[d] < len(acts):
                 action = acts[pointer[d]]
-                deps = _dependencies(action, last_stage, backward_op, offloaded)
+                deps = dependencies(action)
                 ready = 0.0
                 blocked = False
                 for dep in deps:
@@ -222,8 +229,7 @@ def simulate(problem: Problem, schedule: Schedule, check_budget: bool = False) -
                 progressed = True
         if not progressed:
             raise InvalidScheduleError(_deadlock_message(
-                schedule, pointer, end, lambda a: _dependencies(
-                    a, last_stage, backward_op, offloaded)))
+                schedule, pointer, end, dependencies))
     return _summarize(prob, schedule, records, check_budget)
 
 

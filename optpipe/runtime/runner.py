@@ -39,7 +39,7 @@ from optpipe.runtime.partition import StagePlan, split_model
 from optpipe.runtime.record import LANES, Clock, MeasuredAction, StepRecord
 from optpipe.runtime.stage import StageWorker
 from optpipe.schedule import Action, Op, Schedule
-from optpipe.simulator import COMPUTE, simulate
+from optpipe.simulator import COMPUTE, dependency_function, simulate
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -63,26 +63,7 @@ def check_runnable(schedule: Schedule) -> list[tuple[int, Action]]:
     sim = simulate(uniform_problem(schedule.devices, schedule.microbatches, p2p=0.0),
                    schedule)
     start = {(r.device, r.action.key): r.start for r in sim.records}
-    backward_op = {(a.stage, a.microbatch): a.op for _, a in schedule if a.op in (Op.B, Op.BW)}
-    offloaded = {(a.stage, a.microbatch) for _, a in schedule if a.op is Op.OFFLOAD}
-    last = schedule.stages - 1
-
-    def deps(a: Action) -> list[tuple[Op, int, int]]:
-        s, m = a.stage, a.microbatch
-        if a.op is Op.F:
-            return [(Op.F, s - 1, m)] if s > 0 else []
-        if a.op in (Op.B, Op.BW):
-            out = [(Op.F, s, m)]
-            if s < last:
-                out.append((backward_op[(s + 1, m)], s + 1, m))
-            if (s, m) in offloaded:
-                out.append((Op.RELOAD, s, m))
-            return out
-        if a.op is Op.W:
-            return [(Op.B, s, m)]
-        if a.op is Op.OFFLOAD:
-            return [(Op.F, s, m)]
-        return [(Op.OFFLOAD, s, m)]
+    deps = dependency_function(schedule)
 
     pointer = [0] * schedule.devices
     done: set[tuple[Op, int, int]] = set()
@@ -303,7 +284,7 @@ class OptPipeRunner:
         last stage (other ranks may pass None). With ``record`` the step's measured
         actions and memory are in :attr:`last_record` on every rank.
         """
-        S, M = self.schedule.stages, self.schedule.microbatches
+        S = self.schedule.stages
         self._inputs = self._split(inputs, "inputs") if 0 in self.local_stages else []
         self._targets = (self._split(targets, "targets") if S - 1 in self.local_stages
                          else [])
