@@ -34,7 +34,7 @@ class Entry:
     """One saved storage: its bytes, its owner and where its data is now."""
 
     __slots__ = ("storage", "nbytes", "store", "refs", "state", "host", "event", "key",
-                 "shared", "indices")
+                 "shared", "indices", "log", "mem", "buffer", "part", "slot_index", "slots")
 
     def __init__(self, storage: torch.UntypedStorage, store: "SavedStore", key: int) -> None:
         self.storage = storage
@@ -47,19 +47,60 @@ class Entry:
         self.key = key
         self.shared = False   # also saved by another (stage, microbatch): never moved
         self.indices: list[int] = []   # pack order of the handles that refer to it
+        self.log: list[Any] | None = None   # measurement record (arena layout)
+        # arena mode: the bytes live in ``mem`` (a uint8 view of the arena or a fallback
+        # tensor), not in ``storage``; ``slots`` is the runner's ArenaStore
+        self.mem: torch.Tensor | None = None
+        self.buffer: tuple[int, str | None] | None = None
+        self.part: str | None = None
+        self.slot_index = -1
+        self.slots: Any = None
+
+    # device bytes, wherever they live (own storage or arena)
+    def data(self) -> torch.Tensor:
+        """A flat uint8 tensor over the entry's device bytes."""
+        if self.slots is not None:
+            assert self.mem is not None
+            return self.mem
+        return byte_view(self.storage)
+
+    def resident(self) -> int:
+        """Bytes really on device now."""
+        if self.slots is not None:
+            return 0 if self.mem is None else self.mem.numel()
+        return 0 if self.storage is None else self.storage.nbytes()
+
+    def empty_device(self) -> None:
+        if self.slots is not None:
+            self.slots.vacate(self)
+        else:
+            self.storage.resize_(0)
+
+    def refill_device(self) -> None:
+        if self.slots is not None:
+            self.slots.place(self, self.store.device, self.slot_index)
+        else:
+            self.storage.resize_(self.nbytes)
+
+
+def byte_view(storage: torch.UntypedStorage) -> torch.Tensor:
+    """A flat uint8 tensor over all of ``storage``'s bytes."""
+    return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(
+        storage, 0, (storage.nbytes(),), (1,))
 
 
 class _Handle:
     """What autograd keeps instead of a saved tensor; its death releases the bytes."""
 
-    __slots__ = ("tensor", "entry", "tracker", "index")
+    __slots__ = ("tensor", "entry", "tracker", "index", "meta")
 
-    def __init__(self, tensor: torch.Tensor, entry: Entry, tracker: "ActivationTracker",
-                 index: int) -> None:
+    def __init__(self, tensor: torch.Tensor | None, entry: Entry,
+                 tracker: "ActivationTracker", index: int, meta: Any = None) -> None:
         self.tensor = tensor
         self.entry = entry
         self.tracker = tracker
         self.index = index
+        self.meta = meta      # arena mode: (dtype, size, stride, storage offset)
 
     def __del__(self) -> None:
         self.tracker._release(self.entry)
@@ -95,6 +136,14 @@ class ActivationTracker:
         # stage -> pack indices a W unpacks (learned from the stage's first W)
         self.needed_by_w: dict[int, set[int]] = {}
         self._learning: tuple[SavedStore, set[int]] | None = None
+        # arena mode (optpipe.runtime.arena_store): where new saved storages go
+        self.slots: Any = None
+        self.phase = ""                     # the op running now (set by the runner)
+        self.watch: set[tuple[int, int]] = set()          # (stage, mb) to log
+        self.logs: dict[tuple[int, int], list[list[Any]]] = {}
+        self._fresh: list[tuple[Entry, torch.UntypedStorage]] = []   # packed this F
+        self.copied: set[int] = set()       # storages the last F copied into the arena
+        self._next_key = -1
 
     # ----------------------------------------------------------------- set-up
     def set_static(self, modules: Iterable[nn.Module]) -> None:
@@ -123,6 +172,27 @@ class ActivationTracker:
                 yield store
         finally:
             self._current = previous
+            self._seal()
+
+    def _seal(self) -> None:
+        """Arena mode, end of F: re-key the copied entries (their own storages may now
+        die, and a dead storage's key could be reused) and note what was copied."""
+        self.copied = set()
+        if not self._fresh:
+            return
+        with self._lock:
+            for entry, original in self._fresh:
+                self.copied.add(original._cdata)
+                if self.registry.get(entry.key) is entry:
+                    del self.registry[entry.key]
+                entry.store.entries.pop(entry.key, None)
+                entry.key = self._next_key
+                self._next_key -= 1
+                if entry.refs > 0:
+                    self.registry[entry.key] = entry
+                    entry.store.entries[entry.key] = entry
+                entry.storage = None  # type: ignore[assignment]
+            self._fresh = []
 
     # ------------------------------------------------------------------ hooks
     def _pack(self, tensor: torch.Tensor) -> Any:
@@ -135,11 +205,16 @@ class ActivationTracker:
             return tensor
         with self._lock:
             entry = self.registry.get(key)
+            created = entry is None
             if entry is None:
                 entry = Entry(storage, store, key)
                 self.registry[key] = entry
                 store.entries[key] = entry
                 store.device_bytes += entry.nbytes
+                if (store.stage, store.microbatch) in self.watch:
+                    entry.log = [store.packed, entry.nbytes, None]
+                    self.logs.setdefault((store.stage, store.microbatch), []).append(
+                        entry.log)
             elif entry.store is not store:
                 if entry.state != ON_DEVICE:
                     raise RuntimeError(
@@ -152,6 +227,15 @@ class ActivationTracker:
             index = store.packed
             store.packed += 1
             entry.indices.append(index)
+            if created and self.slots is not None:
+                entry.slots = self.slots
+                self.slots.place(entry, store.device, index)
+                entry.mem.copy_(byte_view(storage))
+                self._fresh.append((entry, storage))
+        if entry.slots is not None:
+            meta = (tensor.dtype, tuple(tensor.shape), tuple(tensor.stride()),
+                    tensor.storage_offset())
+            return _Handle(None, entry, self, index, meta)
         # detached alias: keeping the tensor itself would tie a saved *output* to its own
         # grad_fn through this Python object, a cycle no collector can see
         return _Handle(tensor.detach(), entry, self, index)
@@ -174,6 +258,17 @@ class ActivationTracker:
         learning = packed.tracker._learning
         if learning is not None and learning[0] is entry.store:
             learning[1].add(packed.index)
+        if packed.meta is not None:
+            mem = entry.mem
+            if mem is None:
+                store = entry.store
+                raise RuntimeError(
+                    f"a saved activation of stage {store.stage}, microbatch "
+                    f"{store.microbatch} is used after its arena buffer was released")
+            dtype, size, stride, offset = packed.meta
+            return torch.empty(0, dtype=dtype, device=mem.device).set_(
+                mem.untyped_storage(), mem.storage_offset() // dtype.itemsize + offset,
+                size, stride)
         return packed.tensor
 
     # ------------------------------------------- freeing what W does not need
@@ -213,7 +308,9 @@ class ActivationTracker:
             for entry in candidates:
                 if entry.key in in_flight:
                     continue
-                entry.storage.resize_(0)
+                entry.empty_device()
+                if entry.log is not None and entry.log[2] is None:
+                    entry.log[2] = self.phase
                 entry.state = DROPPED
                 store.device_bytes -= entry.nbytes
                 freed += entry.nbytes
@@ -225,16 +322,28 @@ class ActivationTracker:
             if entry.refs > 0:
                 return
             store = entry.store
-            self.registry.pop(entry.key, None)
+            if self.registry.get(entry.key) is entry:
+                del self.registry[entry.key]
             store.entries.pop(entry.key, None)
+            if entry.log is not None and entry.log[2] is None:
+                entry.log[2] = self.phase
             if entry.state == ON_HOST:
                 store.host_bytes -= entry.nbytes
             elif entry.state != DROPPED:
                 store.device_bytes -= entry.nbytes
+            if entry.slots is not None:
+                entry.slots.vacate(entry)
             entry.host = None
             entry.storage = None  # type: ignore[assignment]
 
     # ---------------------------------------------------------------- queries
+    def drop_released(self, entry: Entry) -> None:
+        """Arena mode: ``entry``'s buffer ended its planned life while still referenced."""
+        with self._lock:
+            if entry.state == ON_DEVICE:
+                entry.store.device_bytes -= entry.nbytes
+            entry.state = DROPPED
+
     def is_saved(self, tensor: torch.Tensor) -> bool:
         """Whether ``tensor``'s storage is kept by some graph on this rank."""
         return tensor.untyped_storage()._cdata in self.registry

@@ -24,13 +24,10 @@ from typing import Callable
 
 import torch
 
-from optpipe.runtime.activations import COPYING, ON_DEVICE, ON_HOST, Entry, SavedStore
+from optpipe.runtime.activations import (COPYING, ON_DEVICE, ON_HOST, Entry, SavedStore,
+                                         byte_view)
 
 
-def byte_view(storage: torch.UntypedStorage) -> torch.Tensor:
-    """A flat uint8 tensor over all of ``storage``'s bytes."""
-    return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(
-        storage, 0, (storage.nbytes(),), (1,))
 
 
 class HostPool:
@@ -108,7 +105,7 @@ class Offloader:
                 self.last_marks = (self._event(self.d2h), None)
                 for entry in chosen:
                     entry.host = self.pool.take(entry.nbytes)
-                    entry.host.copy_(byte_view(entry.storage), non_blocking=True)
+                    entry.host.copy_(entry.data(), non_blocking=True)
                 done = self._event(self.d2h)
                 self.last_marks = (self.last_marks[0], done)
             for entry in chosen:
@@ -116,7 +113,7 @@ class Offloader:
         else:
             for entry in chosen:
                 entry.host = self.pool.take(entry.nbytes)
-                entry.host.copy_(byte_view(entry.storage))
+                entry.host.copy_(entry.data())
                 entry.state, entry.event = COPYING, None
             if self.can_wait:
                 self._wait({e.key for e in chosen})
@@ -153,7 +150,7 @@ class Offloader:
 
     def _free_device(self, entry: Entry) -> None:
         store = entry.store
-        entry.storage.resize_(0)
+        entry.empty_device()
         entry.state = ON_HOST
         store.device_bytes -= entry.nbytes
         store.host_bytes += entry.nbytes
@@ -181,7 +178,7 @@ class Offloader:
                 entry.host, entry.state = None, ON_DEVICE
                 self.copying = [e for e in self.copying if e is not entry]
             elif entry.state == ON_HOST:
-                entry.storage.resize_(entry.nbytes)
+                entry.refill_device()
                 store.host_bytes -= entry.nbytes
                 store.device_bytes += entry.nbytes
                 entry.state = ON_DEVICE
@@ -195,7 +192,7 @@ class Offloader:
                 self.h2d.wait_event(allocated)
                 first = self._event(self.h2d)
                 for entry in moving:
-                    byte_view(entry.storage).copy_(entry.host, non_blocking=True)
+                    entry.data().copy_(entry.host, non_blocking=True)
                 done = self._event(self.h2d)
                 self.last_marks = (first, done)
             for entry in moving:
@@ -204,7 +201,7 @@ class Offloader:
             store.reload_event = done
         else:
             for entry in moving:
-                byte_view(entry.storage).copy_(entry.host)
+                entry.data().copy_(entry.host)
                 self.pool.give(entry.host)
                 entry.host = None
         return back

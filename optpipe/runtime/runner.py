@@ -129,6 +129,16 @@ class OptPipeRunner:
         after a split B, free the saved tensors that the stage's W will not read (learned
         from the stage's first W; see ``ActivationTracker.drop_after_b``), so B releases
         memory as zero-bubble schedules assume. Needs a deterministic stage forward.
+    arena:
+        ``None`` (default): kept activations stay where autograd made them. ``True``:
+        measure the kept bytes on the first step(s), plan them with the memory planner
+        over the simulated schedule and, from then on, copy every saved tensor into one
+        :class:`~optpipe.memory.arena.Arena` per device at its planned offset
+        (:mod:`optpipe.runtime.arena_store`). A dict ``{device: Plan}`` uses those plans
+        (ids as :func:`~optpipe.memory.trace.traces_from_schedule` names them; the
+        layout is still measured). See :meth:`arena_stats`.
+    arena_spare:
+        extra bytes at the end of each arena for storages the plan did not foresee.
     """
 
     def __init__(self, model: nn.Module, schedule: Schedule, loss_fn: LossFn | None = None,
@@ -136,7 +146,7 @@ class OptPipeRunner:
                  device: torch.device | str | None = None, process_group: Any = None, *,
                  microbatches: int | None = None, timeout: float = 300.0,
                  recv_window: int | str | None = "auto", broadcast_loss: bool = True,
-                 free_after_b: bool = True) -> None:
+                 free_after_b: bool = True, arena: Any = None, arena_spare: int = 0) -> None:
         self.schedule = schedule
         self.order = check_runnable(schedule)
         if microbatches is not None and microbatches != schedule.microbatches:
@@ -149,6 +159,17 @@ class OptPipeRunner:
         self.timeout = float(timeout)
         self.broadcast_loss = broadcast_loss
         self.free_after_b = free_after_b
+        if arena is not None and arena is not True and arena is not False and \
+                not isinstance(arena, dict):
+            raise OptPipeError(f"arena must be None, True or a dict of plans per device, "
+                               f"got {type(arena).__name__}")
+        self.arena_mode = arena if arena not in (None, False) else None
+        self.arena_spare = int(arena_spare)
+        self.arena_store: Any = None
+        self.arena_problem: Any = None
+        self.arena_plans: dict[int, Any] = {}
+        self._arena_measuring = False
+        self._arena_steps = 0
 
         if process_group is not None and not dist.is_initialized():
             raise OptPipeError("a process_group was given but torch.distributed is not "
@@ -292,6 +313,7 @@ class OptPipeRunner:
             p.grad = None
         self.tracker.set_static(self.plan.modules[s] for s in self.local_stages)
         self.tracker.reset()
+        self._arena_begin()
         for ledger in self.ledgers.values():
             ledger.reset()
         if self.distributed:
@@ -325,6 +347,7 @@ class OptPipeRunner:
             torch.cuda.synchronize(self.device)
         step_time = time.perf_counter() - started
         self.leftover = self.tracker.leftover()
+        self._arena_end()
         loss = self._loss()
         if record:
             self.last_record = self._build_record(step_time, loss)
@@ -472,10 +495,16 @@ class OptPipeRunner:
         lane = COMPUTE
         moved = 0
         left = -1
+        self.tracker.phase = op.value
+        slots = self.arena_store
         if op is Op.F:
             x = self._inputs[m] if s == 0 else self._take(Message(ACT, s, m), action)
             start = self._mark()
+            if slots is not None:
+                slots.begin_forward(device, s, m)
             out = self.workers[s].forward(m, x, self._targets[m] if s == S - 1 else None, store)
+            if slots is not None and x.untyped_storage()._cdata in self.tracker.copied:
+                x.untyped_storage().resize_(0)    # its bytes are in the arena now
             end = self._mark()
             delta = ledger.charge(store, start)
             if s < S - 1:
@@ -492,6 +521,8 @@ class OptPipeRunner:
                     self.tracker.drop_after_b(store, self.p2p.busy if self.p2p else _none_busy)
             else:
                 dx = worker.backward_full(m, grad)
+            if slots is not None:
+                slots.end_action(device, op.value, s, m, self.tracker.drop_released)
             end = self._mark()
             delta = ledger.charge(store, end)
             if dx is not None and s > 0:
@@ -503,6 +534,8 @@ class OptPipeRunner:
                     self.workers[s].backward_weight(m)
             else:
                 self.workers[s].backward_weight(m)
+            if slots is not None:
+                slots.end_action(device, op.value, s, m, self.tracker.drop_released)
             end = self._mark()
             delta = ledger.charge(store, end)
         elif op is Op.OFFLOAD:
@@ -510,6 +543,8 @@ class OptPipeRunner:
             self.offloader.last_marks = (None, None)
             start = self._mark()
             moved = self.offloader.offload(store, action.fraction)
+            if slots is not None:
+                slots.after_offload(device, s, m)
             end = self._mark()
             start, end = self._side_marks(start, end)
             delta = ledger.charge(store, end)
@@ -518,15 +553,18 @@ class OptPipeRunner:
             for changed in self.offloader.settle(store):
                 self.ledgers[changed.device].charge(changed, self._mark())
             # what is really still on device: the storages' sizes, not the account
-            left = sum(e.storage.nbytes() for e in store.live() if e.storage is not None)
+            left = sum(e.resident() for e in store.live())
             self.offloader.last_marks = (None, None)
             start = self._mark()
+            if slots is not None:
+                slots.begin_reload(device, s, m)
             moved = self.offloader.reload(store)
             end = self._mark()
             delta = ledger.charge(store, start)
             start, end = self._side_marks(start, end)
         for changed in self.offloader.poll():
             self.ledgers[changed.device].charge(changed, self._mark())
+        self.tracker.phase = ""
         if self._recording:
             self._measured.append(MeasuredAction(device, op.value, s, m, start, end, lane,
                                                  action.fraction, delta, moved, left))
@@ -537,6 +575,70 @@ class OptPipeRunner:
         if self._recording and first is not None and last is not None:
             return first, last
         return start, end
+
+    # ------------------------------------------------------------------ arena
+    def _arena_begin(self) -> None:
+        """Arena mode: use the arena, or log this step's layout when it can be final."""
+        self.tracker.slots = self.arena_store
+        self._arena_measuring = False
+        if self.arena_mode is None or self.arena_store is not None:
+            return
+        # the layout is final once every stage's first W has shown what B may free:
+        # the second step of a split schedule (the same step on every rank)
+        splits = any(a.op is Op.W for acts in self.schedule.actions for a in acts)
+        self._arena_steps += 1
+        if self.free_after_b and splits and self._arena_steps < 2:
+            return
+        self._arena_measuring = True
+        self.tracker.logs = {}
+        self.tracker.watch = {(s, 0) for s in self.local_stages}
+
+    def _arena_end(self) -> None:
+        if not self._arena_measuring:
+            return
+        from optpipe.runtime.arena_store import ArenaStore, StageLayout
+        self.tracker.watch = set()
+        layouts = {s: StageLayout.from_log(s, self.tracker.logs.get((s, 0), []))
+                   for s in self.local_stages}
+        self.tracker.logs = {}
+        parts = {s: (l.b, l.w) for s, l in layouts.items()}
+        if self.distributed:
+            gathered: list[Any] = [None] * self.schedule.devices
+            dist.all_gather_object(gathered, parts, group=self.group)
+            parts = {s: v for piece in gathered for s, v in piece.items()}
+        self.arena_problem = self._arena_problem(parts)
+        if isinstance(self.arena_mode, dict):
+            plans = {d: self.arena_mode[d] for d in self.local_devices}
+        else:
+            from optpipe.memory.planner import plan
+            from optpipe.memory.trace import traces_from_schedule
+            from optpipe.runtime.arena_store import PART_ALIGN
+            traces = traces_from_schedule(self.arena_problem, self.schedule, per_layer=False)
+            plans = {d: plan(traces[d], alignment=PART_ALIGN, workers=1, time_limit=5.0)
+                     for d in self.local_devices}
+        self.arena_plans = plans
+        self.arena_store = ArenaStore(plans, layouts, self.device, spare=self.arena_spare)
+        self._arena_measuring = False
+
+    def _arena_problem(self, parts: dict[int, tuple[int, int]]) -> Any:
+        """The measured problem: unit times, each stage's planned b and w part bytes."""
+        from optpipe.problem import Problem
+        S, D, M = self.schedule.stages, self.schedule.devices, self.schedule.microbatches
+        b = [parts[s][0] for s in range(S)]
+        w = [parts[s][1] for s in range(S)]
+        return Problem(stages=S, microbatches=M, devices=D, forward=(1.0,) * S,
+                       backward_input=(1.0,) * S, backward_weight=(1.0,) * S,
+                       activation=tuple(x + y for x, y in zip(b, w)), freed_by_b=tuple(b),
+                       freed_by_w=tuple(w),
+                       static=tuple(self.static_bytes(d) for d in range(D)),
+                       budget=(float("inf"),) * D, name=f"{self.schedule.name}.measured")
+
+    def arena_stats(self) -> dict[int, Any]:
+        """Arena mode: per local device, ``ArenaStats`` (reserved vs live bytes, peaks,
+        unplanned requests) plus how many planned buffers and storages fell back."""
+        if self.arena_store is None:
+            return {}
+        return self.arena_store.stats()
 
     # --------------------------------------------------------------- step end
     def _sum_tied_grads(self) -> None:
