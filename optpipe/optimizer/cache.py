@@ -1,0 +1,98 @@
+"""Solved schedules kept for reuse: a user cache and the bundled library.
+
+Why: a proven-optimal schedule for a problem never changes, and the preset problems
+(``optpipe solve --stages 8 --mem 80GB``) should answer at once. Entries are keyed by
+the problem's content hash plus the options that change the answer. Nothing is trusted
+blindly: every entry is re-validated and re-simulated against the problem before use
+(:func:`lookup` returns None for anything that does not check out).
+
+Where: ``$OPTPIPE_CACHE_DIR`` or ``~/.cache/optpipe`` (user cache, written after every
+solve), then the bundled library (``optpipe/_data/schedules`` when installed, the
+repository's ``schedules/`` otherwise; read only).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from optpipe.errors import OptPipeError
+from optpipe.problem import Problem
+from optpipe.schedule import Schedule, load_schedule
+from optpipe.simulator import SimResult, simulate
+
+_PACKAGE = Path(__file__).resolve().parent.parent
+
+
+def cache_dir() -> Path:
+    """The user cache directory (not created here)."""
+    env = os.environ.get("OPTPIPE_CACHE_DIR")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "optpipe"
+
+
+def library_dirs() -> list[Path]:
+    """Bundled library locations, installed copy first, then the repository's."""
+    return [_PACKAGE / "_data" / "schedules", _PACKAGE.parent / "schedules"]
+
+
+def cache_key(problem: Problem, *, solver: str, split_backward: bool, offload: bool,
+              levels: Sequence[float]) -> str:
+    """File stem for a solve: problem hash + the options that change the answer."""
+    parts = [problem.hash(), solver, "split" if split_backward else "fused"]
+    parts.append("offload-" + "-".join(f"{x:g}" for x in levels) if offload else "nooffload")
+    return "_".join(parts)
+
+
+@dataclass
+class CacheHit:
+    schedule: Schedule
+    result: SimResult
+    path: Path
+
+
+def lookup(problem: Problem, key: str, *, time_limit: float, gap: float,
+           use_user_cache: bool = True) -> CacheHit | None:
+    """A cached schedule for ``key`` that still checks out, or None.
+
+    Accepted when it was proven optimal within ``gap``, or solved with at least
+    ``time_limit`` seconds (a longer search than the one asked for); and in every case
+    when it validates, matches the problem's hash, and simulates within budget.
+    """
+    dirs = ([cache_dir()] if use_user_cache else []) + library_dirs()
+    for folder in dirs:
+        path = folder / f"{key}.json"
+        if not path.is_file():
+            continue
+        try:
+            schedule = load_schedule(path)
+            prov = schedule.provenance
+            if prov.get("problem_hash") != problem.hash():
+                continue
+            proven = prov.get("status") == "optimal" and float(prov.get("gap") or 0.0) <= gap
+            longer = float(prov.get("time_limit") or 0.0) >= time_limit
+            if not (proven or longer):
+                continue
+            schedule.check_fits(problem.stages, problem.devices, problem.microbatches)
+            result = simulate(problem, schedule)
+        except (OptPipeError, ValueError, TypeError, json.JSONDecodeError):
+            continue
+        if result.fits:
+            return CacheHit(schedule, result, path)
+    return None
+
+
+def store(schedule: Schedule, key: str, folder: Path | None = None) -> Path | None:
+    """Write a solved schedule to the user cache; a read-only cache is not an error."""
+    folder = folder or cache_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{key}.json"
+        tmp = path.with_suffix(".json.tmp")
+        schedule.save(tmp)
+        tmp.replace(path)
+        return path
+    except OSError:
+        return None

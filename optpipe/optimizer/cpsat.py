@@ -1,0 +1,825 @@
+"""The OR-Tools CP-SAT engine: an exact model of the simulator's semantics.
+
+Two models share one module because they share the task graph, the time scale, the
+hint and the extraction:
+
+**Order model** (no offload). Interval per task, no-overlap per device, data
+dependencies with p2p lag, FIFO chains, and memory as booleans ``b[i][j]`` = "B_j (or
+W_j, BW_j) has finished when F_i starts", monotone in ``i`` and ``j`` (staircase
+implications), with one linear row per F. Without transfers the memory level at each
+F's start depends only on the *order* of compute on the device, so the simulator,
+which recomputes times as early as possible (ASAP) from the extracted orders, sees
+exactly the memory the model counted and a makespan no larger.
+
+**Tight model** (offload allowed). With transfers, memory also depends on *when* an
+OFFLOAD ends relative to later forwards, which is not fixed by the orders: an ASAP
+re-timing could start a forward before an offload it relied on has finished. So this
+model pins every time to the simulator's ASAP rule: a circuit per device chooses each
+task's predecessor and ``start = max(ready, end of predecessor)``; transfers start at
+``max(issue, input, channel free)``; a RELOAD is issued at the end of a chosen compute
+action (where it is then listed). Memory is a cumulative resource over the bytes that
+are held. Solver times then *are* simulator times (up to tick rounding, which a safety
+margin ``delta`` on offload releases absorbs), so the extracted schedule reproduces
+the solver's makespan and memory exactly.
+
+Times are integer ticks (:func:`~.preprocess.choose_scale`); reported figures are
+converted back, and the driver re-simulates in seconds.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from ortools.sat.python import cp_model
+
+from optpipe.memory.accounting import transfer_bytes
+from optpipe.optimizer.extract import orders_from_starts, reload_positions
+from optpipe.optimizer.preprocess import (Key, TaskGraph, asap_ticks, canonical_form,
+                                          graph_placement,
+                                          choose_scale, earliest_starts,
+                                          latest_starts, lower_bound, memory_implied_orders,
+                                          task_graph)
+from optpipe.optimizer.result import (ERROR, FEASIBLE, INFEASIBLE, OPTIMAL, UNKNOWN,
+                                      EngineResult, ProgressFn, relative_gap)
+from optpipe.problem import Problem
+from optpipe.schedule import Action, Op, Schedule
+
+ENGINE = "cpsat"
+#: Decompose (microbatch windows, :mod:`.decompose`) from this many stage x microbatch
+#: cells on, after the full model has had ``FULL_SHARE`` of the time limit.
+DECOMPOSE_MIN_CELLS = 128
+FULL_SHARE = 0.4
+WINDOW = 8
+#: Rows over all stages of a device (not each stage alone) up to this many microbatches.
+CROSS_STAGE_MAX_MICROBATCHES = 16
+DEFAULT_LEVELS: tuple[float, ...] = (1.0,)
+
+
+# --------------------------------------------------------------------- scale
+@dataclass
+class Ticks:
+    """The problem in integer ticks: compute graph, transfer lengths, safety margin."""
+
+    scale: float                                    # ticks per second
+    exact: bool                                     # every length is a whole tick
+    graph: TaskGraph                                # durations and lag in ticks
+    transfer: dict[tuple[Op, int, float], int]      # (OFFLOAD|RELOAD, stage, fraction)
+    delta: int                                      # margin on offload releases (ticks)
+
+    def seconds(self, ticks: float) -> float:
+        return ticks / self.scale
+
+
+def make_ticks(problem: Problem, split_backward: bool, offload: bool,
+               levels: Sequence[float], placement: Sequence[int] | None = None) -> Ticks:
+    """Choose the tick, round every length, and size ``delta`` from the rounding drift.
+
+    Why ``delta``: solver and simulator times differ by at most the sum of all rounding
+    errors (max and + are 1-Lipschitz along every path). An offload's release is counted
+    ``delta >= 2 x drift`` ticks late, so a forward that the model lets use the freed
+    bytes starts after the offload ended in the simulator too. One extra tick covers
+    float summation in the simulator when lengths are exact.
+    """
+    graph_s = task_graph(problem, split_backward, placement)
+    transfers_s: dict[tuple[Op, int, float], float] = {}
+    if offload:
+        for s in range(problem.stages):
+            for x in levels:
+                moved = transfer_bytes(problem, Action(Op.OFFLOAD, s, 0, x))
+                transfers_s[(Op.OFFLOAD, s, x)] = moved / problem.d2h_bandwidth
+                transfers_s[(Op.RELOAD, s, x)] = moved / problem.h2d_bandwidth
+    values = list(graph_s.duration.values()) + [problem.p2p] + list(transfers_s.values())
+    scale, exact = choose_scale(values, exact_min_ticks=1000 if offload else 1,
+                                shortest=min((v for v in graph_s.duration.values() if v > 0),
+                                             default=None))
+
+    def err(v: float) -> float:
+        return abs(v * scale - round(v * scale))
+
+    drift = sum(err(d) for d in graph_s.duration.values())
+    drift += 2 * (problem.stages - 1) * problem.microbatches * err(problem.p2p)
+    drift += 2 * problem.microbatches * sum(err(v) for v in transfers_s.values())
+    return Ticks(scale=scale, exact=exact, graph=graph_s.scaled(scale),
+                 transfer={k: int(round(v * scale)) for k, v in transfers_s.items()},
+                 delta=int(math.ceil(2 * drift)) + 1)
+
+
+# ---------------------------------------------------------------------- hint
+@dataclass
+class Hint:
+    """A schedule timed in ticks under the simulator's rules: a complete hint's source."""
+
+    schedule: Schedule
+    times: dict[Key, tuple[int, int, int]]         # action key -> (start, end, issue)
+    order: list[list[Key]]                         # compute keys per device, in order
+    offloads: dict[tuple[int, int], float]         # (stage, mb) -> fraction
+    reload_after: dict[tuple[int, int], Key | None]
+    makespan: int
+
+
+def make_hint(schedule: Schedule, ticks: Ticks) -> Hint:
+    """Time ``schedule`` in ticks (ASAP, like the simulator)."""
+    times = asap_ticks(schedule, ticks.graph.duration, int(ticks.graph.lag), ticks.transfer)
+    order = [[a.key for a in acts if a.op.is_compute] for acts in schedule.actions]
+    offloads = {(a.stage, a.microbatch): a.fraction for _, a in schedule
+                if a.op is Op.OFFLOAD}
+    first = min(t[0] for t in times.values())
+    return Hint(schedule=schedule, times=times, order=order, offloads=offloads,
+                reload_after=reload_positions(schedule),
+                makespan=max(t[1] for t in times.values()) - first)
+
+
+def tight_memory_ok(hint: Hint, problem: Problem, delta: int) -> bool:
+    """Does the hint fit the budget when offload releases count ``delta`` ticks late?"""
+    events: list[list[tuple[int, int, int]]] = [[] for _ in range(problem.devices)]
+    for (op, s, m), (start, end, issue) in hint.times.items():
+        a = problem.activation[s]
+        if op is Op.F:
+            events[s].append((start, 1, a))
+        elif op is Op.B:
+            events[s].append((end, 0, -problem.freed_by_b[s]))
+        elif op is Op.W:
+            events[s].append((end, 0, -problem.freed_by_w[s]))
+        elif op is Op.BW:
+            events[s].append((end, 0, -a))
+        else:
+            moved = transfer_bytes(problem, Action(op, s, m, hint.offloads[(s, m)]))
+            if op is Op.OFFLOAD:
+                events[s].append((end + delta, 0, -moved))
+            else:
+                events[s].append((issue, 1, moved))
+    for d, evs in enumerate(events):
+        level, room = 0, problem.budget[d] - problem.static[d]
+        for _, _, change in sorted(evs):
+            level += change
+            if level > room:
+                return False
+    return True
+
+
+# ------------------------------------------------------------------- builder
+class _Builder:
+    """A CpModel plus the hint value of every variable it creates."""
+
+    def __init__(self) -> None:
+        self.model = cp_model.CpModel()
+        self.hint: dict[Any, int] = {}
+        self._true: Any = None
+
+    def int_var(self, lo: int, hi: int, name: str, hint: int | None = None) -> Any:
+        var = self.model.new_int_var(int(lo), int(max(lo, hi)), name)
+        if hint is not None:
+            self.hint[var] = int(hint)
+        return var
+
+    def bool_var(self, name: str, hint: bool | None = None) -> Any:
+        var = self.model.new_bool_var(name)
+        if hint is not None:
+            self.hint[var] = int(bool(hint))
+        return var
+
+    def true(self) -> Any:
+        if self._true is None:
+            self._true = self.model.new_bool_var("true")
+            self.model.add(self._true == 1)
+            self.hint[self._true] = 1
+        return self._true
+
+    def add_hints(self) -> None:
+        for var, value in self.hint.items():
+            self.model.add_hint(var, value)
+
+
+@dataclass
+class _Vars:
+    """Handles the extraction needs after a solve."""
+
+    start: dict[Key, Any]
+    makespan: Any
+    level: dict[tuple[int, int, float], Any] = field(default_factory=dict)
+    reload_choice: dict[tuple[int, int], list[tuple[Key, Any]]] = field(default_factory=dict)
+    size: dict[str, int] = field(default_factory=dict)
+    placement: list[int] | None = None
+
+
+def _memory_units(problem: Problem, s: int, levels: Sequence[float] = ()
+                  ) -> tuple[int, int, int, int, list[int], int | None]:
+    """Bytes of stage ``s`` divided by their gcd, and the room left by the budget.
+
+    Returns ``(activation, freed_by_b, freed_by_w, unit, moved_per_level, room)`` with
+    ``room`` None when the budget cannot bind.
+    """
+    a, fb, fw = problem.activation[s], problem.freed_by_b[s], problem.freed_by_w[s]
+    moved = [transfer_bytes(problem, Action(Op.OFFLOAD, s, 0, x)) for x in levels]
+    unit = math.gcd(a, fb, fw, *moved) or 1
+    room = problem.budget[s] - problem.static[s]
+    if not math.isfinite(room) or problem.microbatches * a <= room:
+        return a // unit, fb // unit, fw // unit, unit, [y // unit for y in moved], None
+    return (a // unit, fb // unit, fw // unit, unit, [y // unit for y in moved],
+            int(math.floor(room / unit)))
+
+
+def _base_vars(b: _Builder, g: TaskGraph, horizon: int, lower: int,
+               hint: Hint | None) -> tuple[dict[Key, Any], dict[Key, Any], Any]:
+    """Start variables with time windows, fixed-size intervals, makespan."""
+    es = earliest_starts(g)
+    ls = latest_starts(g, horizon)
+    start: dict[Key, Any] = {}
+    interval: dict[Key, Any] = {}
+    for k in g.keys:
+        name = f"{k[0].value}_{k[1]}_{k[2]}"
+        start[k] = b.int_var(es[k], ls[k], name, hint.times[k][0] if hint else None)
+        interval[k] = b.model.new_fixed_size_interval_var(start[k], int(g.duration[k]),
+                                                          "i" + name)
+    mk_hint = hint.makespan if hint else None
+    makespan = b.int_var(lower, horizon, "makespan", mk_hint)
+    for k in g.last_keys():
+        b.model.add(makespan >= start[k] + int(g.duration[k]))
+    for k, preds in g.deps.items():
+        for p, lag in preds:
+            b.model.add(start[k] >= start[p] + int(g.duration[p]) + int(lag))
+    for chain in g.chains:
+        for p, k in zip(chain, chain[1:]):
+            b.model.add(start[k] >= start[p] + int(g.duration[p]))
+    for d in range(g.problem.devices):
+        b.model.add_no_overlap([interval[k] for k in g.device_keys(d)])
+    return start, interval, makespan
+
+
+# ---------------------------------------------------------------- order model
+def build_order_model(problem: Problem, ticks: Ticks, horizon: int, lower: int,
+                      hint: Hint | None,
+                      fixed_order: Sequence[Sequence[Key]] | None = None
+                      ) -> tuple[_Builder, _Vars]:
+    """The no-offload model: memory decided by the order of compute on each device.
+
+    ``fixed_order`` (per device, tasks in order) pins the relative order of those tasks;
+    the decomposition (:mod:`.decompose`) uses it to re-optimize a window of
+    microbatches among the rest.
+    """
+    b = _Builder()
+    g = ticks.graph
+    dur = g.duration
+    start, _, makespan = _base_vars(b, g, horizon, lower, hint)
+    for seq in fixed_order or ():
+        for p, k in zip(seq, seq[1:]):
+            b.model.add(start[k] >= start[p] + int(dur[p]))
+    M = problem.microbatches
+    rows = 0
+    placement = graph_placement(g)
+    implied = memory_implied_orders(problem, g.split_backward, placement)
+    for k, f in implied:
+        b.model.add(start[f] >= start[k] + int(dur[k]))
+    for d in range(g.devices):
+        rows += _order_memory(b, g, d, start, hint, set(implied),
+                              cross=problem.microbatches <= CROSS_STAGE_MAX_MICROBATCHES)
+    if g.placement:
+        _chunked_memory(b, g, start, hint, horizon)   # redundant, helps propagation
+    b.model.minimize(makespan)
+    return b, _Vars(start=start, makespan=makespan, size={"memory_rows": rows},
+                    placement=placement)
+
+
+def _order_memory(b: _Builder, g: TaskGraph, d: int, start: dict[Key, Any],
+                  hint: Hint | None, implied: set[tuple[Key, Key]], cross: bool = True) -> int:
+    """Memory rows of device ``d`` at every forward's start, from order booleans.
+
+    For the row of ``F(s, i)``: ``x[(op, s', j)]`` says task ``(op, s', j)`` on the same
+    device ended before ``F(s, i)`` starts (for a forward of another stage: started
+    before it — on one device that is the same). FIFO makes each family a staircase:
+    monotone in ``j``, and in ``i`` between rows of one stage. The row: activations of
+    forwards started minus what finished B/W released <= room. With ``cross`` False, a
+    device with several stages gets rows for each stage alone (valid: other stages only
+    add memory; the cumulative keeps it exact) — full rows grow as (stages x M)^2.
+    Returns the row count.
+    """
+    p = g.problem
+    dur = g.duration
+    M = p.microbatches
+    stages = g.stages_on(d)
+    room_bytes = p.budget[d] - p.static[d]
+    if not math.isfinite(room_bytes):
+        return 0
+    releases = {s: ([(Op.B, p.freed_by_b[s]), (Op.W, p.freed_by_w[s])] if g.split_backward
+                    else [(Op.BW, p.activation[s])]) for s in stages}
+    amounts = [p.activation[s] for s in stages] + \
+        [amt for s in stages for _, amt in releases[s]]
+    unit = math.gcd(*amounts) or 1
+    room = int(math.floor(room_bytes / unit))
+    act = {s: p.activation[s] // unit for s in stages}
+    if M * sum(act.values()) <= room:
+        return 0
+    rows = 0
+    for s in stages:
+        others = sum(M * act[o] for o in stages if o != s) if cross else 0
+        first = next((i for i in range(M) if (i + 1) * act[s] + others > room), None)
+        if first is None:
+            continue
+        prev: dict[tuple[Op, int, int], Any] = {}
+        for i in range(first, M):
+            f = (Op.F, s, i)
+            x: dict[tuple[Op, int, int], Any] = {}
+            families: list[tuple[Op, int, int, int]] = []   # op, stage, count, coefficient
+            for o in stages:
+                if o != s and not cross:
+                    continue
+                if o != s:
+                    families.append((Op.F, o, M, act[o]))
+                for op, amt in releases[o]:
+                    if amt:
+                        families.append((op, o, i if o == s else M, -(amt // unit)))
+            terms = []
+            for op, o, count, coef in families:
+                for j in range(count):
+                    k = (op, o, j)
+                    value = None
+                    if hint:
+                        value = hint.times[k][1] <= hint.times[f][0]
+                    lit = b.bool_var(f"{op.value}{o}_{j}<F{s}_{i}", value)
+                    x[k] = lit
+                    if (k, f) in implied:
+                        b.model.add(lit == 1)
+                    b.model.add(start[f] >= start[k] + int(dur[k])).only_enforce_if(lit)
+                    b.model.add(start[k] >= start[f] + int(dur[f])).only_enforce_if(~lit)
+                    if j > 0:
+                        b.model.add_implication(lit, x[(op, o, j - 1)])
+                    if k in prev:
+                        b.model.add_implication(prev[k], lit)
+                    terms.append(coef * lit)
+            for o in stages:          # W_j done => B_j done; B_j done => F_j started
+                for j in range(i if o == s else M):
+                    if (Op.W, o, j) in x and (Op.B, o, j) in x:
+                        b.model.add_implication(x[(Op.W, o, j)], x[(Op.B, o, j)])
+                    for op in (Op.B, Op.BW):
+                        if o != s and (op, o, j) in x:
+                            b.model.add_implication(x[(op, o, j)], x[(Op.F, o, j)])
+            b.model.add((i + 1) * act[s] + sum(terms) <= room)
+            prev = x
+            rows += 1
+    return rows
+
+
+def _chunked_memory(b: _Builder, g: TaskGraph, start: dict[Key, Any], hint: Hint | None,
+                    horizon: int) -> None:
+    """Held bytes per device as a cumulative: [F start, B end) and [F start, W end).
+
+    Exact without offload: all intervals of a device start and end with compute on that
+    device, so whether a release precedes an allocation is fixed by the order alone.
+    """
+    p = g.problem
+    dur = g.duration
+    for d in range(g.devices):
+        stages = g.stages_on(d)
+        room = p.budget[d] - p.static[d]
+        if not math.isfinite(room) or \
+                p.microbatches * sum(p.activation[s] for s in stages) <= room:
+            continue
+        parts: list[tuple[int, Op, int]] = []
+        for s in stages:
+            parts += ([(s, Op.B, p.freed_by_b[s]), (s, Op.W, p.freed_by_w[s])]
+                      if g.split_backward else [(s, Op.BW, p.activation[s])])
+        unit = math.gcd(*[amt for _, _, amt in parts]) or 1
+        intervals, demands = [], []
+        for s, op, amount in parts:
+            if amount == 0:
+                continue
+            for mb in range(p.microbatches):
+                f, k = (Op.F, s, mb), (op, s, mb)
+                size = b.int_var(0, horizon, f"held{s}_{op.value}{mb}",
+                                 (hint.times[k][1] - hint.times[f][0]) if hint else None)
+                b.model.add(size == start[k] + int(dur[k]) - start[f])
+                intervals.append(b.model.new_interval_var(start[f], size,
+                                                          start[k] + int(dur[k]), "held"))
+                demands.append(amount // unit)
+        b.model.add_cumulative(intervals, demands, int(math.floor(room / unit)))
+
+
+# ---------------------------------------------------------------- tight model
+def build_tight_model(problem: Problem, ticks: Ticks, horizon: int, lower: int,
+                      hint: Hint | None, levels: Sequence[float]
+                      ) -> tuple[_Builder, _Vars]:
+    """The offload model: solver times equal the simulator's ASAP times."""
+    b = _Builder()
+    m_ = b.model
+    g = ticks.graph
+    dur = {k: int(v) for k, v in g.duration.items()}
+    lag = int(g.lag)
+    H = horizon
+    start, _, makespan = _base_vars(b, g, horizon, lower, hint)
+    S, M = problem.stages, problem.microbatches
+    split = g.split_backward
+    bwd = Op.B if split else Op.BW
+    last_op = Op.W if split else Op.BW
+    T = hint.times if hint else {}
+    out = _Vars(start=start, makespan=makespan)
+
+    def end(k: Key) -> Any:
+        return start[k] + dur[k]
+
+    def hend(k: Key) -> int | None:
+        return T[k][1] if hint else None
+
+    # ---------------- transfers: offload choice, channel chains, reload issue
+    offloaded: dict[tuple[int, int], Any] = {}
+    reload_end0: dict[tuple[int, int], Any] = {}      # reload end if offloaded, else 0
+    transfer_vars: dict[tuple[int, int], dict[str, Any]] = {}
+    arcs_total = 0
+    for s in range(S):
+        if problem.activation[s] == 0:
+            continue
+        cf = b.int_var(0, 0, f"cf{s}_0", 0)           # offload channel free
+        rcf = b.int_var(0, 0, f"rcf{s}_0", 0)         # reload channel free
+        li = b.int_var(0, 0, f"li{s}_0", 0)           # latest reload issue so far
+        for mb in range(M):
+            f = (Op.F, s, mb)
+            hx = hint.offloads.get((s, mb)) if hint else None
+            lits = []
+            for x in levels:
+                lit = b.bool_var(f"off{s}_{mb}_{x}",
+                                 (hx is not None and abs(hx - x) < 1e-12) if hint else None)
+                out.level[(s, mb, x)] = lit
+                lits.append((x, lit))
+            o = b.bool_var(f"o{s}_{mb}", (hx is not None) if hint else None)
+            m_.add(sum(l for _, l in lits) == o)
+            offloaded[(s, mb)] = o
+            h_on = hint is not None and hx is not None
+            # offload: starts at max(F end, channel free)
+            h_cf = b.hint.get(cf) if hint else None
+            h_os = max(hend(f), h_cf) if hint else None
+            os_ = b.int_var(0, H, f"os{s}_{mb}", h_os)
+            m_.add_max_equality(os_, [end(f), cf])
+            osz_vals = [ticks.transfer[(Op.OFFLOAD, s, x)] for x, _ in lits]
+            osz = b.int_var(0, max(osz_vals), f"osz{s}_{mb}",
+                            ticks.transfer[(Op.OFFLOAD, s, hx)] if h_on else (0 if hint else None))
+            m_.add(osz == sum(v * l for v, (_, l) in zip(osz_vals, lits)))
+            oe = b.int_var(0, H, f"oe{s}_{mb}", (h_os + b.hint[osz]) if hint else None)
+            m_.add(oe == os_ + osz)
+            off_iv = m_.new_optional_interval_var(os_, osz, oe, o, f"OFF{s}_{mb}")
+            z = b.int_var(0, H, f"z{s}_{mb}", (b.hint[oe] if h_on else 0) if hint else None)
+            m_.add(z == oe).only_enforce_if(o)
+            m_.add(z == 0).only_enforce_if(~o)
+            cf_next = b.int_var(0, H, f"cf{s}_{mb + 1}",
+                                max(b.hint[cf], b.hint[z]) if hint else None)
+            m_.add_max_equality(cf_next, [cf, z])
+            # reload issue: the end of one compute action listed before B_m, at/after F_m
+            cands: list[Key] = [(Op.F, s, k) for k in range(mb, M)]
+            cands += [(bwd, s, k) for k in range(mb)]
+            if split:
+                cands += [(Op.W, s, k) for k in range(mb)]
+            h_after = hint.reload_after.get((s, mb)) if h_on else None
+            h_iss = T[(Op.RELOAD, s, mb)][2] if h_on else (0 if hint else None)
+            iss = b.int_var(0, H, f"iss{s}_{mb}", h_iss)
+            choice = []
+            for c in cands:
+                r = b.bool_var(f"r{s}_{mb}_{c[0].value}{c[2]}",
+                               (c == h_after) if hint else None)
+                m_.add(iss == end(c)).only_enforce_if(r)
+                choice.append((c, r))
+            out.reload_choice[(s, mb)] = choice
+            m_.add(sum(r for _, r in choice) == o)
+            m_.add(iss >= end(f)).only_enforce_if(o)
+            m_.add(iss <= start[(bwd, s, mb)]).only_enforce_if(o)
+            m_.add(iss >= li).only_enforce_if(o)
+            zi = b.int_var(0, H, f"zi{s}_{mb}", h_iss if h_on else (0 if hint else None))
+            m_.add(zi == iss).only_enforce_if(o)
+            m_.add(zi == 0).only_enforce_if(~o)
+            li_next = b.int_var(0, H, f"li{s}_{mb + 1}",
+                                max(b.hint[li], b.hint[zi]) if hint else None)
+            m_.add_max_equality(li_next, [li, zi])
+            # reload: starts at max(issue, offload end, channel free)
+            h_rs = max(b.hint[iss], b.hint[oe], b.hint[rcf]) if hint else None
+            rs = b.int_var(0, H, f"rs{s}_{mb}", h_rs)
+            m_.add_max_equality(rs, [iss, oe, rcf])
+            rsz_vals = [ticks.transfer[(Op.RELOAD, s, x)] for x, _ in lits]
+            rsz = b.int_var(0, max(rsz_vals), f"rsz{s}_{mb}",
+                            ticks.transfer[(Op.RELOAD, s, hx)] if h_on else (0 if hint else None))
+            m_.add(rsz == sum(v * l for v, (_, l) in zip(rsz_vals, lits)))
+            re_ = b.int_var(0, H, f"re{s}_{mb}", (h_rs + b.hint[rsz]) if hint else None)
+            m_.add(re_ == rs + rsz)
+            rl_iv = m_.new_optional_interval_var(rs, rsz, re_, o, f"RLD{s}_{mb}")
+            zr = b.int_var(0, H, f"zr{s}_{mb}", (b.hint[re_] if h_on else 0) if hint else None)
+            m_.add(zr == re_).only_enforce_if(o)
+            m_.add(zr == 0).only_enforce_if(~o)
+            rcf_next = b.int_var(0, H, f"rcf{s}_{mb + 1}",
+                                 max(b.hint[rcf], b.hint[zr]) if hint else None)
+            m_.add_max_equality(rcf_next, [rcf, zr])
+            reload_end0[(s, mb)] = zr
+            transfer_vars[(s, mb)] = {"oe": oe, "iss": iss, "lits": lits, "o": o,
+                                      "off": off_iv, "rld": rl_iv}
+            cf, rcf, li = cf_next, rcf_next, li_next
+        m_.add_no_overlap([transfer_vars[(s, mb)]["off"] for mb in range(M)])
+        m_.add_no_overlap([transfer_vars[(s, mb)]["rld"] for mb in range(M)])
+
+    # ---------------- compute: start = max(ready, end of predecessor on the device)
+    for s in range(S):
+        nodes = g.device_keys(s)
+        index = {k: i + 1 for i, k in enumerate(nodes)}
+        pred_of: dict[Key, Key | None] = {}
+        if hint:
+            seq = hint.order[s]
+            pred_of = {k: (seq[i - 1] if i else None) for i, k in enumerate(seq)}
+        arcs = [(0, index[(Op.F, s, 0)], b.true()), (index[(last_op, s, M - 1)], 0, b.true())]
+        incoming: dict[Key, list[tuple[Key, Any]]] = {k: [] for k in nodes}
+        for i_key in nodes:
+            for j_key in nodes:
+                if i_key != j_key and _arc_allowed(i_key, j_key, split):
+                    lit = b.bool_var(f"a{s}_{i_key[0].value}{i_key[2]}_{j_key[0].value}{j_key[2]}",
+                                     (pred_of.get(j_key) == i_key) if hint else None)
+                    arcs.append((index[i_key], index[j_key], lit))
+                    incoming[j_key].append((i_key, lit))
+        arcs_total += len(arcs)
+        m_.add_circuit(arcs)
+        for k in nodes:
+            op, _, mb = k
+            deps = [end(p) + int(lg) for p, lg in g.deps[k]]
+            if op is bwd and (s, mb) in reload_end0:
+                deps.append(reload_end0[(s, mb)])
+            if k == (Op.F, s, 0):
+                if deps:
+                    m_.add_max_equality(start[k], deps)
+                else:
+                    m_.add(start[k] == 0)
+                continue
+            h_pe = hend(pred_of[k]) if hint and pred_of.get(k) else (0 if hint else None)
+            pe = b.int_var(0, H, f"pe{s}_{op.value}{mb}", h_pe)
+            for i_key, lit in incoming[k]:
+                m_.add(pe == end(i_key)).only_enforce_if(lit)
+            m_.add_max_equality(start[k], deps + [pe])
+
+    # ---------------- memory: cumulative of held bytes per device
+    for s in range(S):
+        a, fb, fw, unit, moved, room = _memory_units(problem, s, levels)
+        if room is None:
+            continue
+        intervals: list[Any] = []
+        demands: list[int] = []
+        for mb in range(M):
+            f = (Op.F, s, mb)
+            t = transfer_vars.get((s, mb))
+            ends_by: list[tuple[Key, int]] = ([((Op.B, s, mb), fb), ((Op.W, s, mb), fw)]
+                                              if split else [((Op.BW, s, mb), a)])
+            variants: list[tuple[Any, list[int], int]] = []   # presence, kept-per-part, moved
+            if t is None:
+                variants.append((b.true(), [amt for _, amt in ends_by], 0))
+            else:
+                variants.append((~t["o"], [amt for _, amt in ends_by], 0))
+                for (x, lit), y in zip(t["lits"], moved):
+                    parts, left = [], y
+                    for _, amt in ends_by:          # offload comes out of B's part first
+                        take = min(left, amt)
+                        parts.append(amt - take)
+                        left -= take
+                    variants.append((lit, parts, y))
+            for presence, parts, y in variants:
+                for (k, _), keep in zip(ends_by, parts):
+                    if keep > 0:
+                        size = b.int_var(0, H, f"kz{s}_{mb}_{k[0].value}",
+                                         (hend(k) - T[f][0]) if hint else None)
+                        intervals.append(m_.new_optional_interval_var(
+                            start[f], size, end(k), presence, "keep"))
+                        demands.append(keep)
+                if y > 0 and t is not None:
+                    hx = hint.offloads.get((s, mb)) if hint else None
+                    on = hint is not None and hx is not None
+                    # held until the offload ends (+ delta), then again from the issue
+                    size = b.int_var(0, H, f"hz{s}_{mb}",
+                                     (b.hint[t["oe"]] + ticks.delta - T[f][0]) if on
+                                     else (0 if hint else None))
+                    intervals.append(m_.new_optional_interval_var(
+                        start[f], size, t["oe"] + ticks.delta, presence, "held"))
+                    demands.append(y)
+                    left = y
+                    for (k, amt) in ends_by:
+                        back = min(left, amt)
+                        left -= back
+                        if back > 0:
+                            size = b.int_var(0, H, f"bz{s}_{mb}_{k[0].value}",
+                                             (hend(k) - b.hint[t["iss"]]) if on
+                                             else (0 if hint else None))
+                            intervals.append(m_.new_optional_interval_var(
+                                t["iss"], size, end(k), presence, "back"))
+                            demands.append(back)
+        m_.add_cumulative(intervals, demands, room)
+    m_.minimize(makespan)
+    out.size = {"arcs": arcs_total, "delta_ticks": ticks.delta}
+    return b, out
+
+
+def _arc_allowed(i: Key, j: Key, split: bool) -> bool:
+    """Can compute task ``j`` immediately follow ``i`` on a device (FIFO + data order)?"""
+    (oi, _, mi), (oj, _, mj) = i, j
+    if oi is oj:
+        return mj == mi + 1
+    if oi is Op.F:
+        return mj <= mi if oj in (Op.B, Op.BW) else mj < mi      # F_m -> B_k (k<=m), W_k (k<m)
+    if oj is Op.F:
+        return mj > mi                                          # B_k/W_k -> F_m (m>k)
+    if oi is Op.B and oj is Op.W:
+        return mj <= mi
+    if oi is Op.W and oj is Op.B:
+        return mj > mi
+    return False
+
+
+# --------------------------------------------------------------------- solve
+class _Reporter(cp_model.CpSolverSolutionCallback):
+    """Forwards incumbents (and bound moves) to a progress function, in seconds."""
+
+    def __init__(self, scale: float, progress: ProgressFn | None, t0: float) -> None:
+        super().__init__()
+        self.scale, self.progress, self.t0 = scale, progress, t0
+        self.best: float | None = None
+        self.bound: float | None = None
+
+    def on_solution_callback(self) -> None:
+        self.best = self.ObjectiveValue() / self.scale
+        self.bound = self.BestObjectiveBound() / self.scale
+        self._emit()
+
+    def on_bound(self, bound: float) -> None:
+        self.bound = bound / self.scale
+        self._emit()
+
+    def _emit(self) -> None:
+        if self.progress is not None:
+            self.progress(time.monotonic() - self.t0, self.best, self.bound,
+                          relative_gap(self.best, self.bound))
+
+
+def _pick_hint(problem: Problem, ticks: Ticks, tight: bool, levels: Sequence[float],
+               candidates: Sequence[Schedule]) -> Hint:
+    """The fastest candidate the model accepts as a complete, feasible hint.
+
+    The sequential schedule (one microbatch in flight) is always in the pool for one
+    stage per device, so a hint exists whenever any schedule does.
+    """
+    from optpipe.optimizer.preprocess import sequential_schedule
+    from optpipe.simulator import simulate
+
+    placement = graph_placement(ticks.graph)
+    pool = list(candidates)
+    if not ticks.graph.placement:
+        pool.append(sequential_schedule(problem, ticks.graph.split_backward))
+    best: Hint | None = None
+    seen: set[str] = set()
+    for schedule in pool:
+        canon = canonical_form(schedule, problem, ticks.graph.split_backward,
+                               offload_levels=levels if tight else None,
+                               placement=placement)
+        if canon is None or (canon.offloads and not tight):
+            continue
+        fingerprint = str([[a.key for a in acts] for acts in canon.actions])
+        if fingerprint in seen:
+            continue
+        seen.add(fingerprint)
+        if not simulate(problem, canon).fits:
+            continue
+        hint = make_hint(canon, ticks)
+        if tight and not tight_memory_ok(hint, problem, ticks.delta):
+            continue
+        if best is None or hint.makespan < best.makespan:
+            best = hint
+    if best is not None:
+        return best
+    if not ticks.graph.placement:
+        raise AssertionError("the sequential schedule always fits a feasible budget")
+    raise NoHint(f"no fitting schedule with placement {placement} to start from")
+
+
+class NoHint(Exception):
+    """No fixed schedule on the requested placement fits (only for chunked placements)."""
+
+
+def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] | None = None,
+                time_limit: float = 60.0, gap: float = 0.0, threads: int = 2,
+                offload: bool = False, split_backward: bool = True,
+                levels: Sequence[float] = DEFAULT_LEVELS,
+                progress: ProgressFn | None = None, log: bool = False,
+                fix_hint: bool = False, decompose: bool | None = None,
+                placement: Sequence[int] | None = None) -> EngineResult:
+    """Solve ``problem`` with CP-SAT; the best schedule found, or the hint's if none.
+
+    ``warm_start`` (one schedule or several, best first) becomes a complete hint and its
+    makespan the horizon, so the result is never worse. ``offload`` selects the tight
+    model (transfers allowed at the fractions in ``levels``). ``fix_hint`` solves with
+    every variable fixed to its hinted value: a check that hints are complete and valid.
+    The caller must already have checked that the budget is feasible
+    (:func:`~.preprocess.min_budgets`).
+    """
+    t0 = time.monotonic()
+    if placement is not None and list(placement) == list(range(problem.devices)):
+        placement = None
+    if offload and placement is not None:
+        raise ValueError("offload is modelled for one stage per device only")
+    ticks = make_ticks(problem, split_backward, offload, levels, placement)
+    starts = ([warm_start] if isinstance(warm_start, Schedule) else list(warm_start or []))
+    hint = _pick_hint(problem, ticks, offload, levels, starts)
+    horizon = hint.makespan
+    lower = int(math.ceil(lower_bound(ticks.graph) - 1e-9))
+    lower = min(lower, horizon)
+    if offload:
+        builder, handles = build_tight_model(problem, ticks, horizon, lower, hint, levels)
+    else:
+        builder, handles = build_order_model(problem, ticks, horizon, lower, hint)
+    builder.add_hints()
+    solver = cp_model.CpSolver()
+    params = solver.parameters
+    deadline = t0 + time_limit
+    if decompose is None:
+        decompose = (not offload and problem.microbatches >= 2 * WINDOW
+                     and problem.stages * problem.microbatches >= DECOMPOSE_MIN_CELLS)
+    full_share = FULL_SHARE if decompose else 1.0
+    params.max_time_in_seconds = max(0.1, (deadline - time.monotonic()) * full_share)
+    params.num_workers = max(1, threads)
+    params.relative_gap_limit = max(0.0, gap)
+    params.cp_model_probing_level = 0
+    params.log_search_progress = log
+    if fix_hint:
+        params.fix_variables_to_their_hinted_value = True
+    reporter = _Reporter(ticks.scale, progress, t0)
+    solver.best_bound_callback = reporter.on_bound
+    code = solver.solve(builder.model, reporter)
+    wall = time.monotonic() - t0
+    extra: dict[str, Any] = {"tick_seconds": 1.0 / ticks.scale, "exact_ticks": ticks.exact,
+                             "model": "tight" if offload else "order",
+                             "variables": len(builder.model.proto.variables),
+                             "constraints": len(builder.model.proto.constraints),
+                             "hint": hint.schedule.name, "hint_makespan": horizon / ticks.scale,
+                             "lower_bound": lower / ticks.scale,
+                             "placement": graph_placement(ticks.graph), **handles.size}
+    if offload:
+        extra["offload_levels"] = list(levels)
+    status = {cp_model.OPTIMAL: OPTIMAL, cp_model.FEASIBLE: FEASIBLE,
+              cp_model.INFEASIBLE: INFEASIBLE, cp_model.MODEL_INVALID: ERROR}.get(code, UNKNOWN)
+    if status == UNKNOWN:
+        # stopped before CP-SAT even reported the hint: the hint is still a valid answer
+        return EngineResult(schedule=hint.schedule, status=FEASIBLE,
+                            objective=hint.makespan / ticks.scale,
+                            bound=lower / ticks.scale,
+                            gap=relative_gap(hint.makespan / ticks.scale, lower / ticks.scale),
+                            wall_time=wall, engine=ENGINE,
+                            message="time limit reached before CP-SAT reported a "
+                                    "schedule; returning its hint", extra=extra)
+    if status not in (OPTIMAL, FEASIBLE):
+        message = ("CP-SAT proved the model infeasible, though a hint exists: a bug"
+                   if status == INFEASIBLE else
+                   f"CP-SAT stopped with status {solver.status_name(code)} and no schedule")
+        return EngineResult(schedule=None, status=status, objective=None,
+                            bound=solver.best_objective_bound / ticks.scale
+                            if status == UNKNOWN else None,
+                            gap=None, wall_time=wall, engine=ENGINE, message=message,
+                            extra=extra)
+    schedule = _extract(problem, solver, handles, offload)
+    timed = make_hint(schedule, ticks)
+    raw = solver.objective_value
+    if decompose and status != OPTIMAL and not offload and \
+            timed.makespan > solver.best_objective_bound and deadline - time.monotonic() > 1:
+        from optpipe.optimizer.decompose import window_search
+        before = timed.makespan
+        timed, stats = window_search(problem, ticks, timed,
+                                     lower=int(math.ceil(solver.best_objective_bound - 1e-9)),
+                                     deadline=deadline, threads=threads, window=WINDOW,
+                                     progress=progress, t0=t0,
+                                     bound=solver.best_objective_bound / ticks.scale)
+        schedule = timed.schedule
+        extra.update(window_steps=stats.steps, window_improvements=stats.improvements,
+                     window_final=stats.window,
+                     window_gain=(before - timed.makespan) / ticks.scale)
+        raw = min(raw, timed.makespan)
+    # The extracted orders, re-timed ASAP, are a solution of the same model (memory in
+    # the order model depends on orders only; the tight model is already ASAP), so
+    # their makespan is a legitimate objective value, never above the solver's.
+    objective_ticks = min(raw, timed.makespan)
+    extra["solver_objective"] = raw / ticks.scale
+    if offload and timed.makespan != int(round(raw)):
+        extra["asap_mismatch_ticks"] = int(round(raw)) - timed.makespan
+    bound_ticks = min(solver.best_objective_bound, objective_ticks)
+    objective = objective_ticks / ticks.scale
+    bound = bound_ticks / ticks.scale
+    if status == FEASIBLE and bound_ticks >= objective_ticks:
+        status = OPTIMAL
+    return EngineResult(schedule=schedule, status=status, objective=objective, bound=bound,
+                        gap=relative_gap(objective, bound), wall_time=wall, engine=ENGINE,
+                        extra=extra)
+
+
+def _extract(problem: Problem, solver: cp_model.CpSolver, handles: _Vars,
+             offload: bool) -> Schedule:
+    starts = {k: solver.value(v) for k, v in handles.start.items()}
+    if not offload:
+        return orders_from_starts(problem, starts, name="optpipe",
+                                  placement=handles.placement)
+    offloads: dict[tuple[int, int], float] = {}
+    for (s, mb, x), lit in handles.level.items():
+        if solver.boolean_value(lit):
+            offloads[(s, mb)] = x
+    after: dict[tuple[int, int], Key] = {}
+    for sm in offloads:
+        for c, r in handles.reload_choice[sm]:
+            if solver.boolean_value(r):
+                after[sm] = c
+    return orders_from_starts(problem, starts, offloads=offloads, reload_after=after,
+                              name="optpipe")

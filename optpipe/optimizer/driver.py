@@ -1,0 +1,510 @@
+"""``solve``: the optimizer's entry point — engines, time budget, checks, fallback, cache.
+
+Why a driver separate from the engines: whatever an engine returns is only a claim.
+The driver re-simulates it (the simulator is the one judge), checks the budget, compares
+it with every fixed schedule, and returns the best thing that is actually valid, with
+its provenance. It never returns something worse than the best fitting fixed schedule,
+and a solve that yields nothing falls back to that schedule and says so.
+
+Flow: infeasible budget? -> cache -> fixed schedules (warm starts, and the bar to beat)
+-> the order model (no offload; fast, usually proves optimality) -> when offload is
+allowed and memory holds the schedule back, the tight offload model, hinted with the
+best so far -> verify -> provenance -> cache.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Sequence
+
+from optpipe.errors import InfeasibleError, OptPipeError
+from optpipe.optimizer import cache as cache_mod
+from optpipe.optimizer.preprocess import (Candidate, FixedSet, fixed_schedules,
+                                          infeasible_devices, lower_bound, min_budgets,
+                                          task_graph)
+from optpipe.optimizer.result import (ERROR, FEASIBLE, OPTIMAL, EngineResult, ProgressFn,
+                                      relative_gap)
+from optpipe.problem import Problem
+from optpipe.schedule import Schedule, linear_placement
+from optpipe.simulator import SimResult, simulate
+from optpipe.units import format_bytes
+
+SOLVERS = ("auto", "cpsat", "highs", "gurobi")
+#: ``offload=None`` runs the offload model only up to this many tasks (S x M): beyond it
+#: the circuit model is too large to improve on the order model within a minute.
+OFFLOAD_AUTO_MAX_CELLS = 256
+#: The offload model is not built at all beyond this size (even with ``offload=True``).
+OFFLOAD_MAX_CELLS = 256
+#: Share of the time limit the order model may use before the offload model starts.
+ORDER_SHARE_WITH_OFFLOAD = 0.3
+#: Share of the order-model time the most promising placement gets when others remain.
+FIRST_SPACE_SHARE = 0.7
+DEFAULT_LEVELS = (1.0,)
+FALLBACK = "fallback"
+CACHED = "cached"
+
+
+@dataclass
+class SolveResult:
+    """What :func:`solve` returns: the schedule, its simulation, and how it was found.
+
+    Unpacks as ``schedule, sim = solve(...)``. ``status`` is ``optimal``, ``feasible``
+    (time limit reached), ``fallback`` (a fixed schedule was returned, see ``message``) or
+    ``cached``; ``objective`` is the engine's makespan and ``sim.makespan`` the
+    simulated one (they agree, and tests check it).
+    """
+
+    schedule: Schedule
+    sim: SimResult
+    status: str
+    objective: float | None
+    bound: float | None
+    gap: float | None
+    wall_time: float
+    engine: str
+    message: str = ""
+    fixed: list[Candidate] = field(default_factory=list)
+    runs: list[EngineResult] = field(default_factory=list)
+
+    def __iter__(self):
+        yield self.schedule
+        yield self.sim
+
+    @property
+    def makespan(self) -> float:
+        return self.sim.makespan
+
+
+def solve(problem: Problem, *, solver: str = "auto", offload: bool | None = None,
+          split_backward: bool = True, time_limit: float = 60.0, gap: float = 0.0,
+          threads: int = 2, cache: bool = True, progress: bool | ProgressFn = True,
+          offload_levels: Sequence[float] = DEFAULT_LEVELS) -> SolveResult:
+    """The fastest schedule found for ``problem`` within its per-device budgets.
+
+    ``solver``: ``auto`` (CP-SAT, the fastest engine in the benchmark, see
+    docs/optimizer.md), ``cpsat``, ``highs`` or ``gurobi`` (the Pyomo MILP).
+    ``offload``: True allows activation offload, False forbids it, None (auto) allows
+    it when the budget is what holds the schedule back (a faster fixed schedule exists
+    that does not fit) and the problem is small enough for the offload model.
+    ``split_backward``: model B and W separately (what zero-bubble schedules need);
+    False schedules fused backwards only. ``time_limit`` covers the whole call.
+    ``progress``: True prints a live line on stderr during long solves; a callable gets
+    ``(elapsed, incumbent, bound, gap)``. Raises :class:`InfeasibleError` with the
+    smallest feasible budgets when no schedule fits.
+    """
+    t0 = time.monotonic()
+    if solver not in SOLVERS:
+        raise OptPipeError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}")
+    if problem.chunks != 1:
+        raise OptPipeError("solve the base problem (one stage per device); the solver "
+                           "chooses the order of work itself")
+    if time_limit <= 0:
+        raise OptPipeError(f"the time limit must be positive, got {time_limit}")
+    _check_budget(problem)
+    levels = tuple(sorted(set(float(x) for x in offload_levels)))
+    if not levels or any(not 0 < x <= 1 for x in levels):
+        raise OptPipeError(f"offload levels must lie in (0, 1], got {list(offload_levels)}")
+    _check_engine_available(solver)
+
+    fixed = fixed_schedules(problem)
+    use_offload = _resolve_offload(problem, offload, fixed, _best(
+        [c for c in fixed.candidates if not c.schedule.offloads]))
+    # the bar to beat: fixed schedules the caller allows (no offloading ones if
+    # offload is off; fused-backward ones only when B and W may not be split)
+    allowed = [c for c in fixed.candidates
+               if (use_offload or not c.schedule.offloads)
+               and (split_backward or not c.schedule.splits_backward)]
+    best_fixed = _best(allowed)
+    key = cache_mod.cache_key(problem, solver=solver, split_backward=split_backward,
+                              offload=use_offload, levels=levels)
+    if cache:
+        hit = cache_mod.lookup(problem, key, time_limit=time_limit, gap=gap)
+        if hit is not None and (best_fixed is None
+                                or hit.result.makespan <= best_fixed.makespan * (1 + 1e-9)):
+            prov = hit.schedule.provenance
+            return SolveResult(schedule=hit.schedule, sim=hit.result, status=CACHED,
+                               objective=prov.get("objective"), bound=prov.get("bound"),
+                               gap=prov.get("gap"), wall_time=time.monotonic() - t0,
+                               engine=str(prov.get("solver", "cache")),
+                               message=f"from {hit.path}", fixed=fixed.candidates)
+
+    reporter = _progress_sink(progress)
+    runs: list[EngineResult] = []
+    engine = "cpsat" if solver == "auto" else solver
+    spaces = _spaces(problem, split_backward, fixed, engine)
+    notes: list[str] = []
+    try:
+        union_bound = _search(problem, spaces, runs, fixed, best_fixed, engine=engine,
+                              deadline=t0 + time_limit, gap=gap, threads=threads,
+                              use_offload=use_offload, split_backward=split_backward,
+                              levels=levels, progress=reporter, notes=notes)
+    finally:
+        if reporter is not None and hasattr(reporter, "close"):
+            reporter.close()
+    result = _choose(problem, runs, best_fixed, time.monotonic() - t0, union_bound, gap)
+    if notes:
+        result.message = "; ".join(filter(None, [result.message] + notes))
+    result.fixed = fixed.candidates
+    result.runs = runs
+    _stamp(result, problem, time_limit=time_limit, gap=gap, threads=threads,
+           offload=use_offload, split_backward=split_backward, levels=levels)
+    if cache and result.status in (OPTIMAL, FEASIBLE):
+        cache_mod.store(result.schedule, key)
+    return result
+
+
+# --------------------------------------------------------------------- checks
+def _check_budget(problem: Problem) -> None:
+    bad = infeasible_devices(problem)
+    if not bad:
+        return
+    need, need_off = min_budgets(problem)
+    where = ", ".join(f"device {d} needs {format_bytes(need[d])} "
+                      f"(budget {format_bytes(problem.budget[d])})" for d in bad)
+    raise InfeasibleError(
+        f"no schedule fits the budget: {where}. Every device must hold its static bytes "
+        f"plus one microbatch's activation at the start of a forward, offload or not "
+        f"(offload frees bytes only after the forward ends), so the smallest budgets are "
+        f"{', '.join(format_bytes(n) for n in need)} without offload and "
+        f"{', '.join(format_bytes(n) for n in need_off)} with it",
+        min_budget=need, min_budget_offload=need_off)
+
+
+def _check_engine_available(solver: str) -> None:
+    if solver in ("highs", "gurobi"):
+        if importlib.util.find_spec("optpipe.optimizer.milp") is None:
+            raise OptPipeError(f"the MILP engine (optpipe.optimizer.milp) is not available; "
+                               f"use --solver cpsat")
+    if solver == "gurobi" and importlib.util.find_spec("gurobipy") is None:
+        raise OptPipeError("--solver gurobi needs gurobipy, which is not installed "
+                           "(pip install gurobipy, and a license); or use --solver highs "
+                           "or --solver cpsat")
+
+
+def _best(candidates: Sequence[Candidate]) -> Candidate | None:
+    fitting = [c for c in candidates if c.fits]
+    return min(fitting, key=lambda c: c.makespan) if fitting else None
+
+
+def _resolve_offload(problem: Problem, offload: bool | None, fixed: FixedSet,
+                     best_fixed: Candidate | None) -> bool:
+    """Auto: offload when a faster fixed schedule exists that does not fit the budget."""
+    if offload is not None:
+        return offload
+    if problem.stages * problem.microbatches > OFFLOAD_AUTO_MAX_CELLS:
+        return False
+    if best_fixed is None:
+        return True
+    return any(not c.fits and c.makespan < best_fixed.makespan * (1 - 1e-9)
+               and not c.schedule.offloads for c in fixed.candidates)
+
+
+def _hint_pool(fixed: FixedSet, split_backward: bool) -> list[Schedule]:
+    """Fitting fixed schedules, fastest first (each engine run keeps its placement's)."""
+    pool = [c for c in fixed.candidates if c.fits
+            and (split_backward or not c.schedule.splits_backward)]
+    pool.sort(key=lambda c: c.makespan)
+    return [c.schedule for c in pool]
+
+
+# ------------------------------------------------------------------- search
+@dataclass
+class _Space:
+    """One placement searched: its stage -> device list and what is proven about it."""
+
+    label: str
+    placement: list[int]
+    bound: float            # proven lower bound for schedules on this placement
+    best_fixed: float       # best fitting fixed schedule on it (inf if none)
+
+
+def _spaces(problem: Problem, split_backward: bool, fixed: FixedSet,
+            engine: str) -> list[_Space]:
+    """Placements worth searching, most promising first.
+
+    One stage per device always; also the V shape and interleaved 2 chunks (what ZB-V,
+    zb-auto and interleaved 1F1B use) when some fixed schedule on them fits, since a
+    hint on the placement is needed. Each starts with its no-memory lower bound; only
+    CP-SAT searches the chunked ones (the MILP models one stage per device), but their
+    bounds always count, because a fixed schedule on them may be returned.
+    """
+    from optpipe.schedule import interleaved_placement, v_placement
+
+    D = problem.devices
+    options = [("linear", linear_placement(D))]
+    if D >= 2:
+        options += [("v", v_placement(D)), ("interleaved", interleaved_placement(D, 2))]
+    out = []
+    for label, place in options:
+        on = [c.makespan for c in fixed.candidates if c.fits and not c.schedule.offloads
+              and list(c.schedule.placement) == place
+              and (split_backward or not c.schedule.splits_backward)]
+        if label != "linear" and not on:
+            continue
+        lb = lower_bound(task_graph(problem, split_backward, place))
+        out.append(_Space(label, place, lb, min(on, default=math.inf)))
+    out.sort(key=lambda sp: (sp.best_fixed, sp.bound))
+    return out
+
+
+def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
+            fixed: FixedSet, best_fixed: Candidate | None, *, engine: str,
+            deadline: float, gap: float, threads: int, use_offload: bool,
+            split_backward: bool, levels: Sequence[float],
+            progress: ProgressFn | None, notes: list[str]) -> float | None:
+    """Run the engines over the placements; return the proven bound over all of them.
+
+    A placement whose lower bound is no better than the incumbent is skipped (it cannot
+    win; its bound still counts). With offload the order models share
+    ``ORDER_SHARE_WITH_OFFLOAD`` of the time, then the offload model (one stage per
+    device) gets the rest, hinted with the best schedule so far on that placement. The
+    offload model's space contains the order model's, so for one stage per device its
+    bound (or the no-memory bound, if it did not run) replaces the order model's.
+    """
+    incumbent = best_fixed.makespan if best_fixed is not None else math.inf
+    linear = next(sp for sp in spaces if sp.label == "linear")
+    # the offload model (one stage per device) can only help below the incumbent
+    offload_model = (use_offload and problem.stages * problem.microbatches <= OFFLOAD_MAX_CELLS
+                     and linear.bound < incumbent * (1 - 1e-9))
+    order_deadline = time.monotonic() + (deadline - time.monotonic()) * (
+        ORDER_SHARE_WITH_OFFLOAD if offload_model else 1.0)
+    pool = _hint_pool(fixed, split_backward)
+    lb_linear = linear.bound
+    best_on: dict[str, Schedule] = {}
+    searchable = [sp for sp in spaces if engine == "cpsat" or sp.label == "linear"]
+    for sweep in range(2):    # a second sweep gives time left over to open placements
+        for i, space in enumerate(searchable):
+            if space.bound >= incumbent * (1 - 1e-9):
+                continue
+            if sweep and space.label in best_on and space.bound >= \
+                    _makespan_of(runs, space.label) * (1 - 1e-9):
+                continue                              # proven on this placement
+            left = order_deadline - time.monotonic()
+            rest = [sp for sp in searchable[i + 1:] if sp.bound < incumbent * (1 - 1e-9)]
+            share = left * (FIRST_SPACE_SHARE if rest and not sweep else 1.0)
+            if share < (2.0 if sweep else 0.5) and runs:
+                continue
+            hints = ([best_on[space.label]] if space.label in best_on else []) + pool
+            run = _run_engine(engine, problem, hints, max(0.5, share), gap, threads, False,
+                              split_backward, levels, progress, space.placement)
+            run.extra["space"] = space.label
+            runs.append(run)
+            if run.bound is not None and run.status != ERROR:
+                space.bound = max(space.bound, run.bound)
+            if run.objective is not None and run.schedule is not None:
+                incumbent = min(incumbent, run.objective)
+                best_on[space.label] = run.schedule
+    best_linear = best_on.get("linear")
+    if use_offload:
+        linear.bound = lb_linear      # order-model proofs do not cover offload
+        proven = [r for r in runs if r.extra.get("space") == "linear"
+                  and r.status == OPTIMAL and r.objective is not None
+                  and r.objective <= lb_linear * (1 + 1e-9)]
+        left = deadline - time.monotonic()
+        if proven:
+            linear.bound = proven[0].objective
+        elif problem.stages * problem.microbatches > OFFLOAD_MAX_CELLS:
+            notes.append(f"offload model skipped: {problem.stages} x {problem.microbatches} "
+                         f"is over its size limit ({OFFLOAD_MAX_CELLS} stage x microbatch "
+                         f"cells); offloading fixed schedules were still compared")
+        elif left > 1.0 and lb_linear < incumbent * (1 - 1e-9):
+            hints = ([best_linear] if best_linear else []) + pool
+            run = _run_engine(engine, problem, hints, left, gap, threads, True,
+                              split_backward, levels, progress, None)
+            run.extra["space"] = "linear+offload"
+            runs.append(run)
+            if run.bound is not None and run.status != ERROR:
+                linear.bound = max(lb_linear, run.bound)
+    return min(sp.bound for sp in spaces)
+
+
+def _makespan_of(runs: list[EngineResult], label: str) -> float:
+    """Best objective the runs found on one placement (inf if none)."""
+    return min((r.objective for r in runs if r.extra.get("space") == label
+                and r.objective is not None), default=math.inf)
+
+
+# -------------------------------------------------------------------- engines
+def _run_engine(engine: str, problem: Problem, hints: list[Schedule], time_limit: float,
+                gap: float, threads: int, offload: bool, split_backward: bool,
+                levels: Sequence[float], progress: ProgressFn | None,
+                placement: list[int] | None = None) -> EngineResult:
+    t0 = time.monotonic()
+    try:
+        if engine == "cpsat":
+            from optpipe.optimizer.cpsat import solve_cpsat
+            return solve_cpsat(problem, warm_start=hints, time_limit=time_limit, gap=gap,
+                               threads=threads, offload=offload,
+                               split_backward=split_backward, levels=levels,
+                               progress=progress, placement=placement)
+        from optpipe.optimizer.milp import solve_milp  # the Pyomo engine
+        linear = [h for h in hints if list(h.placement) == linear_placement(problem.devices)]
+        return solve_milp(problem, warm_start=linear[0] if linear else None,
+                          time_limit=time_limit, gap=gap, threads=threads, solver=engine,
+                          offload=offload, split_backward=split_backward, progress=progress)
+    except OptPipeError:
+        raise
+    except Exception as exc:  # engine failures become a fallback, explained
+        license_error = _gurobi_license_error(exc)
+        if license_error:
+            raise OptPipeError(license_error) from None
+        return EngineResult(schedule=None, status=ERROR, objective=None, bound=None, gap=None,
+                            wall_time=time.monotonic() - t0, engine=engine,
+                            message=f"{type(exc).__name__}: {exc}")
+
+
+def _gurobi_license_error(exc: BaseException) -> str | None:
+    """Gurobi's size-limited license (error 10010) in plain words, else None."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        code = getattr(exc, "errno", None)
+        text = str(exc)
+        if code == 10010 or "size-limited license" in text.lower():
+            return ("the model is over the size allowed by your Gurobi license (size-limited "
+                    "license, error 10010); use --solver highs or --solver cpsat, or a full "
+                    "Gurobi license")
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return None
+
+
+# ------------------------------------------------------------ choose, stamp
+def _choose(problem: Problem, runs: list[EngineResult], best_fixed: Candidate | None,
+            wall: float, bound: float | None, gap: float) -> SolveResult:
+    """The best valid schedule among the engines' and the fixed ones, with its status.
+
+    ``bound`` is the proven lower bound over everything searched (see :func:`_search`);
+    the status is ``optimal`` when the returned schedule is within ``gap`` of it.
+    """
+    best: SolveResult | None = None
+    notes: list[str] = []
+    for run in runs:
+        if run.schedule is None:
+            notes.append(f"{run.engine}: {run.status}" + (f" ({run.message})"
+                                                           if run.message else ""))
+            continue
+        try:
+            sim = simulate(problem, run.schedule)
+        except OptPipeError as exc:
+            notes.append(f"{run.engine} returned an invalid schedule: {exc}")
+            continue
+        if not sim.fits:
+            notes.append(f"{run.engine} returned a schedule over budget on devices "
+                         f"{sim.over_budget()}")
+            continue
+        if run.objective is not None and abs(sim.makespan - run.objective) > \
+                1e-6 * max(sim.makespan, 1e-30):
+            run.extra["objective_mismatch"] = sim.makespan - run.objective
+        if best is None or sim.makespan < best.sim.makespan * (1 - 1e-12):
+            best = SolveResult(schedule=run.schedule, sim=sim, status=run.status,
+                               objective=run.objective, bound=None, gap=None,
+                               wall_time=wall, engine=run.engine)
+    if best_fixed is not None and best is None and not runs and bound is not None and \
+            best_fixed.makespan <= bound * (1 + 1e-9):
+        return SolveResult(schedule=best_fixed.schedule, sim=best_fixed.result,
+                           status=OPTIMAL, objective=best_fixed.makespan, bound=bound,
+                           gap=0.0, wall_time=wall, engine="bound",
+                           message=f"fixed schedule {best_fixed.name} meets the lower bound")
+    if best_fixed is not None and (best is None or
+                                   best_fixed.makespan < best.sim.makespan * (1 - 1e-9)):
+        why = ("; ".join(notes) if best is None else
+               f"fixed schedule {best_fixed.name} is faster than the best the solver found")
+        best = SolveResult(schedule=best_fixed.schedule, sim=best_fixed.result,
+                           status=FALLBACK, objective=None, bound=None, gap=None,
+                           wall_time=wall, engine=runs[-1].engine if runs else "-",
+                           message=why or "the solver returned no schedule")
+    if best is None:  # pragma: no cover - the sequential schedule always fits
+        raise OptPipeError("no schedule found: " + "; ".join(notes))
+    if bound is not None:
+        best.bound = min(bound, best.sim.makespan)
+        best.gap = relative_gap(best.sim.makespan, best.bound)
+        if best.status in (OPTIMAL, FEASIBLE):
+            best.status = OPTIMAL if best.gap <= gap + 1e-9 else FEASIBLE
+    if best.status != FALLBACK:
+        best.message = "; ".join(notes)
+    return best
+
+
+def _stamp(result: SolveResult, problem: Problem, **options: Any) -> None:
+    """Write status, figures and options into the schedule's provenance."""
+    prov = dict(result.schedule.provenance)
+    name = result.schedule.name
+    if result.status != FALLBACK and result.engine != "bound":
+        prov.update(source="solver", name="optpipe")
+        name = "optpipe"
+    prov.update(
+        solver=result.engine, status=result.status, objective=result.objective,
+        bound=result.bound, gap=result.gap, wall_time=round(result.wall_time, 3),
+        time_limit=options["time_limit"], problem_hash=problem.hash(),
+        makespan=result.sim.makespan, offload=options["offload"],
+        split_backward=options["split_backward"], threads=options["threads"],
+        requested_gap=options["gap"])
+    if options["offload"]:
+        prov["offload_levels"] = list(options["levels"])
+    if result.message:
+        prov["message"] = result.message
+    prov["runs"] = [{"engine": r.engine, "status": r.status, "objective": r.objective,
+                     "bound": r.bound, "wall_time": round(r.wall_time, 3),
+                     **{k: v for k, v in r.extra.items() if isinstance(v, (int, float, str,
+                                                                            bool, list))}}
+                    for r in result.runs]
+    # a copy: a returned fixed schedule is also listed, unchanged, in ``result.fixed``
+    result.schedule = replace(result.schedule, name=name, provenance=prov)
+    result.sim.schedule = result.schedule
+
+
+# -------------------------------------------------------------------- progress
+def _progress_sink(progress: bool | ProgressFn | None) -> ProgressFn | None:
+    if callable(progress):
+        return progress
+    if not progress:
+        return None
+    return _LiveLine()
+
+
+class _LiveLine:
+    """One line on stderr, rewritten in place on a terminal, throttled otherwise.
+
+    Shows after the first second only, so quick solves print nothing.
+    """
+
+    def __init__(self, delay: float = 1.0, every: float = 10.0) -> None:
+        self.delay, self.every = delay, every
+        self.tty = sys.stderr.isatty()
+        self.last_print = -math.inf
+        self.shown = False
+        self.best: float | None = None
+        self.bound: float | None = None
+
+    def __call__(self, elapsed: float, best: float | None, bound: float | None,
+                 gap: float | None) -> None:
+        from optpipe.units import format_seconds
+        if best is not None:   # several runs report in turn: show the best so far
+            self.best = best if self.best is None else min(self.best, best)
+        if bound is not None:
+            self.bound = bound
+        if elapsed < self.delay:
+            return
+        if not self.tty and elapsed - self.last_print < self.every:
+            return
+        self.last_print = elapsed
+        gap = relative_gap(self.best, self.bound)
+        text = (f"solving {elapsed:6.1f}s  incumbent "
+                f"{format_seconds(self.best) if self.best is not None else '-':>10}  bound "
+                f"{format_seconds(self.bound) if self.bound is not None else '-':>10}  gap "
+                f"{f'{gap:.2%}' if gap is not None else '-':>7}")
+        if self.tty:
+            sys.stderr.write("\r\x1b[2K" + text)
+        else:
+            sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+        self.shown = True
+
+    def close(self) -> None:
+        if self.shown and self.tty:
+            sys.stderr.write("\n")
+            sys.stderr.flush()

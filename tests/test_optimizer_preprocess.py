@@ -1,0 +1,105 @@
+"""Shared preprocessing: every fact it derives must hold for every valid schedule."""
+
+from __future__ import annotations
+
+import pytest
+
+from optpipe.errors import OptPipeError
+from optpipe.optimizer.preprocess import (canonical_form, capped_1f1b, choose_scale,
+                                          earliest_starts, fixed_schedules, greedy_schedule,
+                                          latest_starts, lower_bound, memory_implied_orders,
+                                          min_budgets, sequential_schedule, task_graph)
+from optpipe.problem import Problem, uniform_problem
+from optpipe.schedule import Op
+from optpipe.simulator import simulate
+
+
+def uneven(budget_k: float = 2.0) -> Problem:
+    return Problem(stages=4, microbatches=6, forward=(1.3, 1.0, 1.0, 1.5),
+                   backward_input=(1.2, 1.0, 1.1, 1.6), backward_weight=(0.6, 0.5, 0.5, 0.8),
+                   activation=(1000, 900, 900, 1200), freed_by_b=(600, 450, 450, 700),
+                   freed_by_w=(400, 450, 450, 500), static=(100,) * 4,
+                   budget=(float("inf"),) * 4, p2p=0.07).activation_budget(budget_k)
+
+
+PROBLEMS = [uniform_problem(4, 8, p2p=0.05).activation_budget(k) for k in (1, 2, 4, 8)] + \
+    [uneven(k) for k in (1, 1.5, 3)]
+
+
+@pytest.mark.parametrize("problem", PROBLEMS)
+def test_bounds_and_windows_hold_for_every_fixed_schedule(problem: Problem) -> None:
+    graph = task_graph(problem)
+    lb = lower_bound(graph)
+    es = earliest_starts(graph)
+    for c in fixed_schedules(problem).candidates:
+        if c.schedule.placement != list(range(problem.devices)):
+            continue
+        assert c.makespan >= lb - 1e-9, c.name
+        canon = canonical_form(c.schedule, problem)
+        if canon is None:
+            continue
+        sim = simulate(problem, canon)
+        assert sim.makespan <= c.makespan + 1e-9      # canonical form never slows down
+        ls = latest_starts(graph, sim.makespan)
+        for rec in sim.records:
+            if rec.action.op.is_compute:
+                assert es[rec.action.key] - 1e-9 <= rec.start <= ls[rec.action.key] + 1e-9
+
+
+@pytest.mark.parametrize("problem", PROBLEMS)
+def test_memory_implied_orders_hold_in_fitting_schedules(problem: Problem) -> None:
+    implied = memory_implied_orders(problem)
+    for c in fixed_schedules(problem).candidates:
+        if not c.fits or c.schedule.offloads or \
+                c.schedule.placement != list(range(problem.devices)):
+            continue
+        canon = canonical_form(c.schedule, problem)
+        sim = simulate(problem, canon)
+        for pred, f in implied:
+            assert sim.record(*pred).end <= sim.record(*f).start + 1e-9, (c.name, pred, f)
+
+
+@pytest.mark.parametrize("problem", PROBLEMS)
+def test_own_schedules_fit_any_feasible_budget(problem: Problem) -> None:
+    assert simulate(problem, sequential_schedule(problem)).fits
+    for split in (True, False):
+        for eager in (False, True):
+            sim = simulate(problem, greedy_schedule(problem, split, eager_w=eager))
+            assert sim.fits
+    for cap in (1, 2, None):
+        simulate(problem, capped_1f1b(problem, cap))  # valid (fits or not)
+
+
+def test_min_budgets_are_static_plus_one_activation() -> None:
+    problem = uneven()
+    need, need_off = min_budgets(problem)
+    assert need == [1100, 1000, 1000, 1300] == need_off
+    tight = problem.with_budget(need)
+    assert simulate(tight, sequential_schedule(tight)).fits
+
+
+def test_lower_bound_is_reached_without_memory_limit() -> None:
+    problem = uniform_problem(4, 8)
+    graph = task_graph(problem)
+    best = min(c.makespan for c in fixed_schedules(problem).candidates
+               if c.schedule.placement == list(range(4)))
+    assert lower_bound(graph) == pytest.approx(best)      # ZB-H2 meets it
+
+
+def test_choose_scale() -> None:
+    assert choose_scale([1.0, 0.5]) == (2.0, True)
+    scale, exact = choose_scale([1.0, 0.5], exact_min_ticks=1000)
+    assert exact and scale * 0.5 >= 1000
+    scale, exact = choose_scale([1.0 / 3, 0.1])
+    assert not exact and scale * 0.1 >= 1e6
+
+
+def test_only_base_problems() -> None:
+    with pytest.raises(OptPipeError):
+        task_graph(uniform_problem(2, 2).split([0, 1, 1, 0]))
+
+
+def test_fifo_chains_cover_every_task() -> None:
+    graph = task_graph(uniform_problem(3, 4), split_backward=False)
+    assert {k for chain in graph.chains for k in chain} == set(graph.keys)
+    assert all(k[0] in (Op.F, Op.BW) for k in graph.keys)
