@@ -190,6 +190,21 @@ def test_offload_at_tight_budget(split: bool) -> None:
         assert res.objective < plain.objective * (1 - 1e-6)
 
 
+def test_offload_irregular_no_phantom_release() -> None:
+    """Regression: a release was once counted for a microbatch whose F had not yet run,
+    and the simulator then saw 5000 bytes on a 4000-byte budget."""
+    problem = Problem(stages=4, microbatches=6, forward=(1.053, 0.543, 0.73, 1.199),
+                      backward_input=(0.535, 1.465, 1.491, 0.516),
+                      backward_weight=(1.0, 0.5, 1.0, 0.5),
+                      activation=(2000, 2000, 2000, 1000), freed_by_b=(2000, 1000, 2000, 1000),
+                      freed_by_w=(0, 1000, 0, 0), static=(0, 0, 0, 0),
+                      budget=(4000.0,) * 4, p2p=0, d2h_bandwidth=1e5, h2d_bandwidth=2e5)
+    res = solve_milp(problem, time_limit=TL, offload=True, own_heuristics=False)
+    check(problem, res)
+    assert "rejected" not in res.extra
+    assert res.schedule.offloads
+
+
 def test_offload_with_slow_links_and_warm_start() -> None:
     """Transfers longer than a forward: the channel backlog bound must keep the
     simulator within budget; a given offloading warm start is used or safely ignored."""

@@ -123,3 +123,17 @@ def test_bad_options_are_clear_errors() -> None:
         solve(problem, time_limit=0, progress=False)
     with pytest.raises(OptPipeError, match="base problem"):
         solve(problem.split([0, 1, 2, 2, 1, 0]), progress=False)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("gurobipy") is None,
+                    reason="gurobipy is not installed")
+def test_gurobi_size_limited_license_is_one_clear_error() -> None:
+    """With the pip (size-limited) license a real model is too large: say so plainly."""
+    problem = uniform_problem(8, 16, p2p=0.05).activation_budget(4)
+    try:
+        result = solve(problem, solver="gurobi", time_limit=5, progress=False, cache=False,
+                       offload=False)
+    except OptPipeError as exc:
+        assert "license" in str(exc) and ("highs" in str(exc) or "cpsat" in str(exc))
+    else:  # a full license: then the answer must simply be valid
+        assert result.sim.fits

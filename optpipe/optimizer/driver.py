@@ -278,6 +278,9 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
     searchable = [sp for sp in spaces if engine == "cpsat" or sp.label == "linear"]
     for sweep in range(2):    # a second sweep gives time left over to open placements
         for i, space in enumerate(searchable):
+            if offload_model and lb_linear >= incumbent * (1 - 1e-9):
+                offload_model = False                 # it can no longer win: its time
+                order_deadline = deadline             # goes to the order models
             if space.bound >= incumbent * (1 - 1e-9):
                 continue
             if sweep and space.label in best_on and space.bound >= \
@@ -411,8 +414,13 @@ def _choose(problem: Problem, runs: list[EngineResult], best_fixed: Candidate | 
                            message=f"fixed schedule {best_fixed.name} meets the lower bound")
     if best_fixed is not None and (best is None or
                                    best_fixed.makespan < best.sim.makespan * (1 - 1e-9)):
-        why = ("; ".join(notes) if best is None else
-               f"fixed schedule {best_fixed.name} is faster than the best the solver found")
+        if best is None and not runs:
+            why = (f"fixed schedule {best_fixed.name} returned: the lower bounds of the "
+                   f"placements the engine models already reach it")
+        else:
+            why = ("; ".join(notes) if best is None else
+                   f"fixed schedule {best_fixed.name} is faster than the best the solver "
+                   f"found")
         best = SolveResult(schedule=best_fixed.schedule, sim=best_fixed.result,
                            status=FALLBACK, objective=None, bound=None, gap=None,
                            wall_time=wall, engine=runs[-1].engine if runs else "-",

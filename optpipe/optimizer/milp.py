@@ -32,8 +32,8 @@ as early as the extracted order allows), and a schedule over budget is never ret
 
 Offload model (``offload=True``; why each choice keeps the simulator on the safe side):
 an OFFLOAD is listed right after its F; a RELOAD of microbatch ``i`` is listed right after
-a compute task ``X`` (an ``F_j``, ``j > i``, or a ``B_k``, ``k < i``) between ``F_i`` and
-``B_i``, so its buffer is reserved exactly at ``X``'s end, which is where the model
+a compute task ``X`` (an ``F_j``, ``j > i``, or a ``B_k`` or ``W_k``, ``k < i``) between
+``F_i`` and ``B_i``, so its buffer is reserved exactly at ``X``'s end, which is where the model
 counts it from; reloads run in microbatch order. The simulator may start any task
 earlier than the model and never makes a forward wait for an offload, so an offload is
 counted as released at a checkpoint only when the compute work listed between its F and
@@ -96,7 +96,7 @@ def solve_milp(problem: Problem, *, warm_start: Schedule | None = None,
     to make the model, not a heuristic, find the optimum.
 
     With ``offload=True`` "optimal" and the bound refer to the modelled offload policy
-    (OFFLOAD right after its F, RELOAD right after an F or B, whole activations,
+    (OFFLOAD right after its F, RELOAD right after an F, B or W, whole activations,
     conservative release accounting; ``extra["optimality"]`` says so): a schedule
     outside that policy could in principle be shorter.
 
@@ -502,8 +502,8 @@ class _DisjunctiveModel:
         """Offload choices, reload attachments, channel backlog and memory checkpoints.
 
         Per stage and microbatch ``i``: ``o[i]`` offloads it; ``a[i, X]`` says its RELOAD
-        is listed right after compute task ``X`` (an ``F_j``, ``j > i``, or a ``B_k``,
-        ``k < i``, that comes after ``F_i`` and before ``B_i``), so its buffer is
+        is listed right after compute task ``X`` (an ``F_j``, ``j > i``, or a ``B_k`` or
+        ``W_k``, ``k < i``, that comes after ``F_i`` and before ``B_i``), so its buffer is
         reserved at ``X``'s end. Memory is checked where it can rise: at each F's start
         and at the end of every task a reload may follow. An offload counts as released
         at a checkpoint only when ``beta[i]`` (an upper bound on how long after ``F_i``'s
@@ -613,6 +613,8 @@ class _DisjunctiveModel:
                            - sum(self.before(W[q], F[i]) for q in range(M))) if split else 0
                     work = f_d * n_f + b_d * n_b + w_d * n_w
                     add(m.eb[s, i, k] <= o[i])
+                    # not allocated yet, so nothing to release (else a phantom release)
+                    add(m.eb[s, i, k] <= 1 - self.before(B[k], F[i]))
                     add(m.beta[s, i] + margin <= work + slack * (1 - m.eb[s, i, k])
                         + slack * self.before(B[k], F[i]))
                     if split:
@@ -623,6 +625,7 @@ class _DisjunctiveModel:
                         n_w = (k + 1) - sum(self.before(W[q], F[i]) for q in range(k + 1))
                         work = f_d * n_f + b_d * n_b + w_d * n_w
                         add(m.ew[s, i, k] <= o[i])
+                        add(m.ew[s, i, k] <= 1 - self.before(W[k], F[i]))
                         add(m.beta[s, i] + margin <= work + slack * (1 - m.ew[s, i, k])
                             + slack * self.before(W[k], F[i])
                             + slack * self.before(B[i], W[k]))
@@ -804,8 +807,8 @@ class _DisjunctiveModel:
                     n_w = (sum(val(self.before(W[q], B[k])) for q in range(M))
                            - sum(val(self.before(W[q], F[i])) for q in range(M))) if split else 0
                     work = f_d * n_f + b_d * n_b + w_d * n_w
-                    ok = o[i] and (beta[i] + RELEASE_MARGIN <= work + 1e-12
-                                   or val(self.before(B[k], F[i])) > 0.5)
+                    ok = (o[i] and val(self.before(B[k], F[i])) < 0.5
+                          and beta[i] + RELEASE_MARGIN <= work + 1e-12)
                     m.eb[s, i, k].set_value(1 if ok else 0, skip_validation=True)
                     if split:
                         n_f = sum(val(self.before(F[j], W[k])) for j in range(i + 1, M))
@@ -813,9 +816,9 @@ class _DisjunctiveModel:
                                - sum(val(self.before(B[q], F[i])) for q in range(M)))
                         n_w = (k + 1) - sum(val(self.before(W[q], F[i])) for q in range(k + 1))
                         work = f_d * n_f + b_d * n_b + w_d * n_w
-                        ok = o[i] and (beta[i] + RELEASE_MARGIN <= work + 1e-12
-                                       or val(self.before(W[k], F[i])) > 0.5
-                                       or val(self.before(B[i], W[k])) > 0.5)
+                        ok = (o[i] and val(self.before(W[k], F[i])) < 0.5
+                              and (beta[i] + RELEASE_MARGIN <= work + 1e-12
+                                   or val(self.before(B[i], W[k])) > 0.5))
                         m.ew[s, i, k].set_value(1 if ok else 0, skip_validation=True)
                 cand = self.cand[(s, i)]
                 attached = [self.win.index[key] for c, key in enumerate(cand)
@@ -878,7 +881,14 @@ class _DisjunctiveModel:
             for a in tasks:
                 rank[a] = sum(1 for b in tasks if b != a and
                               _as_bool(pyo.value(self.before(b, a))))
-            order = _topological_by(tasks, win, key=lambda a: (rank[a], starts[a]))
+            order = sorted(tasks, key=lambda a: (rank[a], starts[a]))
+            at = {a: n for n, a in enumerate(order)}
+            if any(win.order(a, b) is True and at[a] > at[b]
+                   for a in tasks for b in tasks if a < b) or any(
+                   win.order(a, b) is False and at[b] > at[a]
+                   for a in tasks for b in tasks if a < b):
+                # only possible with zero-length ties: keep every fixed order
+                order = _topological_by(tasks, win, key=lambda a: (rank[a], starts[a]))
             for p, a in enumerate(order):
                 position[win.keys[a]] = p
         offloads: dict[tuple[int, int], float] = {}

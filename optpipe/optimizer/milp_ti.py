@@ -15,7 +15,13 @@ started by each tick. Everything the simulator checks is linear in those counts:
 * memory at every tick: ``act·NF[s, t] - freed_b·NB[s, t-b] - freed_w·NW[s, t-w] ≤ room``
   (releases at a task's end come before an allocation at the same moment, as in the
   simulator);
-* makespan: a monotone 0/1 ``z[t]`` ("all work done by t") and the objective ``Σ (1 - z[t])``.
+* makespan: a monotone 0/1 ``z[t]`` ("all work done by t") and the objective
+  ``Σ (1 - z[t])``, linked to each stage's last task by the convex hull of "the M-th
+  task has started" (not ``M·z ≤ N``, which only bounds the average completion);
+* energy: the work a stage has not started by ``t`` fits in the ticks after ``t`` that
+  are not yet "all done";
+* left-shift dominance: no stage idles for a whole B (W) length while that B (W) is
+  ready (some optimum does so; see :meth:`TimeIndexedModel._add_dominance`).
 
 Its LP relaxation carries the memory/latency cycle exactly and device contention in
 aggregate, which is what closes the gap on the memory-bound benchmarks (``docs/milp.md``).
