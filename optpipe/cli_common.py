@@ -160,7 +160,7 @@ def print_comparison(rows: Sequence[tuple[str, SimResult | None, str]],
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(file=file or sys.stdout, width=max(110, 90 + 5 * problem.devices))
+    console = Console(file=file or sys.stdout, width=max(120, 104 + 7 * problem.devices))
     budget = problem.budget[0] if len(set(problem.budget)) == 1 else None
     caption = (f"budget {format_bytes(budget)} per device" if budget not in (None, float("inf"))
                else "budget per device varies" if budget is None else "no memory budget")
