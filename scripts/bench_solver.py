@@ -166,7 +166,8 @@ def load_data() -> list[dict[str, Any]]:
 def save(rows: list[dict[str, Any]], meta: str) -> None:
     text = DOC.read_text() if DOC.exists() else "# The optimizer\n"
     table = f"{TABLE_START}\n{meta}\n\n{render(rows)}\n{TABLE_END}"
-    data = f"{DATA_START}\n{json.dumps(rows, indent=0)}\n{DATA_END}"
+    body = ",\n".join(json.dumps(r, separators=(",", ":")) for r in rows)
+    data = f"{DATA_START}\n[\n{body}\n]\n{DATA_END}"
     for start, end, block in ((TABLE_START, TABLE_END, table), (DATA_START, DATA_END, data)):
         pattern = re.escape(start) + r".*?" + re.escape(end)
         if re.search(pattern, text, re.S):

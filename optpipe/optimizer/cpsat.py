@@ -3,10 +3,12 @@
 Two models share one module because they share the task graph, the time scale, the
 hint and the extraction:
 
-**Order model** (no offload). Interval per task, no-overlap per device, data
-dependencies with p2p lag, FIFO chains, and memory as booleans ``b[i][j]`` = "B_j (or
+**Order model** (no offload; one stage per device, or several — V shape, interleaved —
+via ``placement``). Interval per task, no-overlap per device, data dependencies with
+p2p lag between devices, FIFO chains, and memory as booleans ``b[i][j]`` = "B_j (or
 W_j, BW_j) has finished when F_i starts", monotone in ``i`` and ``j`` (staircase
-implications), with one linear row per F. Without transfers the memory level at each
+implications), with one linear row per F (plus a cumulative when a device holds
+several stages). Without transfers the memory level at each
 F's start depends only on the *order* of compute on the device, so the simulator,
 which recomputes times as early as possible (ASAP) from the extracted orders, sees
 exactly the memory the model counted and a makespan no larger.
