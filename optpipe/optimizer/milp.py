@@ -844,24 +844,7 @@ class _DisjunctiveModel:
 
     def max_violation(self) -> float:
         """Largest violation of any constraint at the current variable values."""
-        pyo = self.pyo
-        worst = 0.0
-        for c in self.m.component_data_objects(pyo.Constraint, active=True):
-            body = pyo.value(c.body, exception=False)
-            if body is None:
-                return math.inf
-            if c.has_lb():
-                worst = max(worst, pyo.value(c.lower) - body)
-            if c.has_ub():
-                worst = max(worst, body - pyo.value(c.upper))
-        for v in self.m.component_data_objects(pyo.Var):
-            if v.value is None:
-                return math.inf
-            if v.lb is not None:
-                worst = max(worst, v.lb - v.value)
-            if v.ub is not None:
-                worst = max(worst, v.value - v.ub)
-        return worst
+        return milp_prep.max_violation(self.pyo, self.m)
 
     # ------------------------------------------------------------- extraction
     def extract(self, name: str, provenance: dict[str, Any]) -> Schedule:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 from optpipe.errors import InfeasibleError
 from optpipe.optimizer.preprocess import Key, TaskGraph
@@ -437,3 +437,25 @@ def greedy_family(problem: Problem, split_backward: bool) -> list[Schedule]:
                 except Exception:  # a heuristic variant must never break the solve
                     continue
     return out
+
+
+def max_violation(pyo: Any, m: Any) -> float:
+    """Largest violation of any constraint or variable bound of Pyomo model ``m``
+    at its current values (inf when a value is missing): checks a warm start."""
+    worst = 0.0
+    for c in m.component_data_objects(pyo.Constraint, active=True):
+        body = pyo.value(c.body, exception=False)
+        if body is None:
+            return math.inf
+        if c.has_lb():
+            worst = max(worst, pyo.value(c.lower) - body)
+        if c.has_ub():
+            worst = max(worst, body - pyo.value(c.upper))
+    for v in m.component_data_objects(pyo.Var):
+        if v.value is None:
+            return math.inf
+        if v.lb is not None:
+            worst = max(worst, v.lb - v.value)
+        if v.ub is not None:
+            worst = max(worst, v.value - v.ub)
+    return worst

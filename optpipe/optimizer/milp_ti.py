@@ -35,6 +35,7 @@ import math
 from fractions import Fraction
 from typing import Any
 
+from optpipe.optimizer import milp_prep
 from optpipe.optimizer.milp_prep import HorizonTooSmall, Windows
 from optpipe.optimizer.preprocess import Key, TaskGraph, choose_scale
 from optpipe.problem import Problem
@@ -350,10 +351,10 @@ class TimeIndexedModel:
             if not m.z[t].fixed:
                 m.z[t].set_value(1 if t >= C else 0, skip_validation=True)
             m.R[t].set_value(max(0, C - t - 1), skip_validation=True)
-        return _max_violation(self.pyo, m) <= 1e-6
+        return milp_prep.max_violation(self.pyo, m) <= 1e-6
 
     def max_violation(self) -> float:
-        return _max_violation(self.pyo, self.m)
+        return milp_prep.max_violation(self.pyo, self.m)
 
     # ------------------------------------------------------------- extraction
     def extract(self, name: str, provenance: dict[str, Any]) -> Schedule:
@@ -390,21 +391,3 @@ class TimeIndexedModel:
                                   provenance=provenance or {"source": "solver", "name": name})
 
 
-def _max_violation(pyo: Any, m: Any) -> float:
-    worst = 0.0
-    for c in m.component_data_objects(pyo.Constraint, active=True):
-        body = pyo.value(c.body, exception=False)
-        if body is None:
-            return math.inf
-        if c.has_lb():
-            worst = max(worst, pyo.value(c.lower) - body)
-        if c.has_ub():
-            worst = max(worst, body - pyo.value(c.upper))
-    for v in m.component_data_objects(pyo.Var):
-        if v.value is None:
-            return math.inf
-        if v.lb is not None:
-            worst = max(worst, v.lb - v.value)
-        if v.ub is not None:
-            worst = max(worst, v.value - v.ub)
-    return worst
