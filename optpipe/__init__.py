@@ -7,7 +7,7 @@ Public entry points (imported lazily so that ``import optpipe`` stays light):
 
 from __future__ import annotations
 
-from typing import Any
+from optpipe._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -27,13 +27,6 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'optpipe' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(module), name)
-
+__getattr__ = lazy_exports("optpipe", _EXPORTS)
 
 __all__ = sorted(_EXPORTS)

@@ -9,7 +9,7 @@ stage; :mod:`optpipe.runtime.profile` measures a model into a
 
 from __future__ import annotations
 
-from typing import Any
+from optpipe._lazy import lazy_exports
 
 _EXPORTS = {
     "OptPipeRunner": "optpipe.runtime.runner",
@@ -30,14 +30,6 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    """Import lazily: ``import optpipe.runtime`` must not pay for torch until it is used."""
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'optpipe.runtime' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(module), name)
-
+__getattr__ = lazy_exports("optpipe.runtime", _EXPORTS)
 
 __all__ = sorted(_EXPORTS)

@@ -8,7 +8,7 @@ all) does not pay for loading matplotlib.
 
 from __future__ import annotations
 
-from typing import Any
+from optpipe._lazy import lazy_exports
 
 _EXPORTS = {
     "plot_gantt": "optpipe.viz.gantt",
@@ -18,13 +18,6 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'optpipe.viz' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(module), name)
-
+__getattr__ = lazy_exports("optpipe.viz", _EXPORTS)
 
 __all__ = sorted(_EXPORTS)
