@@ -269,7 +269,6 @@ def build_order_model(problem: Problem, ticks: Ticks, horizon: int, lower: int,
     for seq in fixed_order or ():
         for p, k in zip(seq, seq[1:]):
             b.model.add(start[k] >= start[p] + int(dur[p]))
-    M = problem.microbatches
     rows = 0
     placement = graph_placement(g)
     implied = memory_implied_orders(problem, g.split_backward, placement)
@@ -408,7 +407,6 @@ def build_tight_model(problem: Problem, ticks: Ticks, horizon: int, lower: int,
     m_ = b.model
     g = ticks.graph
     dur = {k: int(v) for k, v in g.duration.items()}
-    lag = int(g.lag)
     H = horizon
     start, _, makespan = _base_vars(b, g, horizon, lower, hint)
     S, M = problem.stages, problem.microbatches

@@ -177,8 +177,8 @@ def _check_budget(problem: Problem) -> None:
 def _check_engine_available(solver: str) -> None:
     if solver in ("highs", "gurobi"):
         if importlib.util.find_spec("optpipe.optimizer.milp") is None:
-            raise OptPipeError(f"the MILP engine (optpipe.optimizer.milp) is not available; "
-                               f"use --solver cpsat")
+            raise OptPipeError("the MILP engine (optpipe.optimizer.milp) is not available; "
+                               "use --solver cpsat")
     if solver == "gurobi" and importlib.util.find_spec("gurobipy") is None:
         raise OptPipeError("--solver gurobi needs gurobipy, which is not installed "
                            "(pip install gurobipy, and a license); or use --solver highs "

@@ -36,7 +36,7 @@ from optpipe.errors import OptPipeError
 from optpipe.memory.accounting import duration as action_duration
 from optpipe.problem import Problem
 from optpipe.schedule import Action, Op, Schedule, linear_placement
-from optpipe.simulator import SimResult, simulate
+from optpipe.simulator import SimResult, dependency_function, simulate
 
 Key = tuple[Op, int, int]
 
@@ -538,7 +538,7 @@ def fixed_schedules(problem: Problem, include_own: bool = True) -> FixedSet:
                         out.candidates.append(Candidate(schedule.name, schedule,
                                                         simulate(problem, schedule)))
                     except OptPipeError as exc:
-                        out.skipped[f"greedy"] = str(exc)
+                        out.skipped["greedy"] = str(exc)
         S = problem.stages
         for cap in sorted({S, max(1, S // 2), 1} | _fitting_caps(problem)):
             for split in (True, False):
@@ -744,14 +744,12 @@ def asap_ticks(schedule: Schedule, compute: Mapping[Key, int], lag: int,
     latency (base problem: stage s on device s).
     """
     D = schedule.devices
-    S = schedule.stages
     place = schedule.placement
 
     def hop(a: int, b: int) -> int:
         return lag if place[a] != place[b] else 0
 
-    bwd = {(a.stage, a.microbatch): a.op for _, a in schedule if a.op in (Op.B, Op.BW)}
-    offloaded = {(a.stage, a.microbatch) for _, a in schedule if a.op is Op.OFFLOAD}
+    dependencies = dependency_function(schedule)
     end: dict[Key, int] = {}
     out: dict[Key, tuple[int, int, int]] = {}
     pointer = [0] * D
@@ -766,20 +764,7 @@ def asap_ticks(schedule: Schedule, compute: Mapping[Key, int], lag: int,
             while pointer[d] < len(acts):
                 a = acts[pointer[d]]
                 s, m = a.stage, a.microbatch
-                if a.op is Op.F:
-                    deps = [((Op.F, s - 1, m), hop(s - 1, s))] if s > 0 else []
-                elif a.op in (Op.B, Op.BW):
-                    deps = [((Op.F, s, m), 0)]
-                    if s < S - 1:
-                        deps.append(((bwd[(s + 1, m)], s + 1, m), hop(s + 1, s)))
-                    if (s, m) in offloaded:
-                        deps.append(((Op.RELOAD, s, m), 0))
-                elif a.op is Op.W:
-                    deps = [((Op.B, s, m), 0)]
-                elif a.op is Op.OFFLOAD:
-                    deps = [((Op.F, s, m), 0)]
-                else:
-                    deps = [((Op.OFFLOAD, s, m), 0)]
+                deps = [(k, hop(k[1], s)) for k in dependencies(a)]
                 if any(k not in end for k, _ in deps):
                     break
                 ready = max((end[k] + lg for k, lg in deps), default=0)

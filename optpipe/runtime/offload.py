@@ -24,8 +24,7 @@ from typing import Callable
 
 import torch
 
-from optpipe.runtime.activations import (COPYING, ON_DEVICE, ON_HOST, Entry, SavedStore,
-                                         byte_view)
+from optpipe.runtime.activations import (COPYING, ON_DEVICE, ON_HOST, Entry, SavedStore)
 
 
 
