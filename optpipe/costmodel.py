@@ -426,6 +426,7 @@ def build_problem(model: str, hardware: str, stages: int, microbatches: int, *,
         forward=tuple(c.forward for c in costs),
         backward_input=tuple(c.backward_input for c in costs),
         backward_weight=tuple(c.backward_weight for c in costs),
+        # no backward_fused (BW = B + W): fusing saves no matmul FLOPs, the only thing counted
         activation=tuple(c.activation for c in costs),
         freed_by_b=tuple(c.freed_by_b for c in costs),
         freed_by_w=tuple(c.freed_by_w for c in costs),

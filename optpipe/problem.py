@@ -2,10 +2,11 @@
 
 A :class:`Problem` describes one training step of a pipeline-parallel job: ``stages``
 model stages (one per device in the base problem), ``microbatches`` microbatches, the
-per-stage times of forward (F), backward-for-input (B) and backward-for-weights (W), the
-point-to-point latency between neighbouring devices, the activation bytes F keeps per
-microbatch and how B and W release them, static bytes and a budget per device, and the
-host-link bandwidths used by activation offload.
+per-stage times of forward (F), backward-for-input (B) and backward-for-weights (W)
+(optionally a measured time of the fused backward BW, else B + W), the point-to-point
+latency between neighbouring devices, the activation bytes F keeps per microbatch and
+how B and W release them, static bytes and a budget per device, and the host-link
+bandwidths used by activation offload.
 
 Schedules that split each device's share of the model into ``v`` chunks (interleaved
 1F1B, ZB-V) are judged against :meth:`Problem.split`, which divides every per-stage
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import sys
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -41,6 +43,11 @@ class Problem:
     activation that F keeps for a microbatch is released in two parts: ``freed_by_b`` at
     the end of B and ``freed_by_w`` at the end of W (both at once by a fused BW), so
     ``freed_by_b + freed_by_w == activation`` on every stage.
+
+    ``backward_fused`` optionally gives, per stage, the measured seconds of a fused
+    backward (BW: input and weight gradients in one pass), which real runtimes do faster
+    than B and W apart; ``None`` times BW as B + W. :meth:`bw_time` is the one place
+    that decides.
     """
 
     stages: int
@@ -59,6 +66,7 @@ class Problem:
     devices: int = 0
     name: str = "problem"
     meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    backward_fused: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.devices == 0:
@@ -68,6 +76,15 @@ class Problem:
         for key in ("activation", "freed_by_b", "freed_by_w", "static"):
             object.__setattr__(self, key, tuple(int(x) for x in getattr(self, key)))
         object.__setattr__(self, "budget", tuple(float(x) for x in self.budget))
+        if self.backward_fused is not None:
+            try:
+                if isinstance(self.backward_fused, (str, bytes)):
+                    raise TypeError
+                fused = tuple(float(x) for x in self.backward_fused)
+            except (TypeError, ValueError):
+                raise OptPipeError(f"'backward_fused' must list one time in seconds per "
+                                   f"stage, got {self.backward_fused!r}") from None
+            object.__setattr__(self, "backward_fused", fused)
         self.validate()
 
     # ------------------------------------------------------------------ checks
@@ -98,6 +115,14 @@ class Problem:
                     f"stage {s}: freed_by_backward_input + freed_by_backward_weight "
                     f"({self.freed_by_b[s]} + {self.freed_by_w[s]}) must equal activation "
                     f"({self.activation[s]}); omit freed_by_backward_weight to derive it")
+        if self.backward_fused is not None:
+            if len(self.backward_fused) != self.stages:
+                raise OptPipeError(f"'backward_fused' has {len(self.backward_fused)} entries "
+                                   f"but there are {self.stages} stages")
+            if not all(v > 0 and math.isfinite(v) for v in self.backward_fused):
+                raise OptPipeError(f"'backward_fused' must be positive and finite: "
+                                   f"{list(self.backward_fused)}; omit it to time a fused "
+                                   f"backward as backward_input + backward_weight")
         if self.p2p < 0:
             raise OptPipeError(f"p2p latency must not be negative, got {self.p2p}")
         if self.d2h_bandwidth <= 0 or self.h2d_bandwidth <= 0:
@@ -108,6 +133,13 @@ class Problem:
     def chunks(self) -> int:
         """Stages per device (1 for the base problem, v after :meth:`split`)."""
         return self.stages // self.devices
+
+    def bw_time(self, stage: int) -> float:
+        """Seconds of a fused backward (BW) of ``stage``: the measured ``backward_fused``
+        when the problem has it, else ``backward_input + backward_weight``."""
+        if self.backward_fused is not None:
+            return self.backward_fused[stage]
+        return self.backward_input[stage] + self.backward_weight[stage]
 
     def offload_time(self, stage: int, fraction: float = 1.0) -> float:
         """Seconds to move ``fraction`` of one microbatch's activation of ``stage`` to host."""
@@ -157,6 +189,8 @@ class Problem:
             forward=tuple(self.forward[d] / chunks for d in placement),
             backward_input=tuple(self.backward_input[d] / chunks for d in placement),
             backward_weight=tuple(self.backward_weight[d] / chunks for d in placement),
+            backward_fused=(None if self.backward_fused is None else
+                            tuple(self.backward_fused[d] / chunks for d in placement)),
             activation=tuple(activation),
             freed_by_b=tuple(freed_b),
             freed_by_w=tuple(freed_w),
@@ -185,10 +219,16 @@ class Problem:
         data = asdict(self)
         data["freed_by_backward_input"] = data.pop("freed_by_b")
         data["freed_by_backward_weight"] = data.pop("freed_by_w")
+        if data["backward_fused"] is None:   # absent, as before the field existed
+            del data["backward_fused"]
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in data.items()}
 
     def hash(self) -> str:
-        """Stable content hash (name and metadata excluded): the cache key of a solve."""
+        """Stable content hash (name and metadata excluded): the cache key of a solve.
+
+        ``backward_fused`` enters only when set, so problems without it keep the hashes
+        they had before the field existed (the bundled schedule library is keyed by them).
+        """
         data = self.to_dict()
         data.pop("name", None)
         data.pop("meta", None)
@@ -234,7 +274,8 @@ def problem_from_dict(data: dict[str, Any], name: str = "problem") -> Problem:
     time = data.get("time", {})
     memory = data.get("memory", {})
     offload = data.get("offload", {})
-    for table, keys in (("time", {"forward", "backward_input", "backward_weight", "p2p"}),
+    for table, keys in (("time", {"forward", "backward_input", "backward_weight",
+                                  "backward_fused", "p2p"}),
                         ("memory", {"activation", "freed_by_backward_input",
                                     "freed_by_backward_weight", "static", "budget"}),
                         ("offload", {"d2h_bandwidth", "h2d_bandwidth"})):
@@ -251,6 +292,9 @@ def problem_from_dict(data: dict[str, Any], name: str = "problem") -> Problem:
     backward_input = _per_stage(time["backward_input"], stages, parse_seconds, "backward_input")
     backward_weight = _per_stage(time.get("backward_weight", 0), stages, parse_seconds,
                                  "backward_weight")
+    backward_fused = (None if "backward_fused" not in time else
+                      _per_stage(time["backward_fused"], stages, parse_seconds,
+                                 "backward_fused"))
     activation = _per_stage(memory["activation"], stages, parse_bytes, "activation")
     freed_b = _per_stage(memory.get("freed_by_backward_input", 0), stages, parse_bytes,
                          "freed_by_backward_input")
@@ -268,8 +312,10 @@ def problem_from_dict(data: dict[str, Any], name: str = "problem") -> Problem:
     return Problem(
         stages=stages, microbatches=microbatches, devices=devices,
         forward=tuple(forward), backward_input=tuple(backward_input),
-        backward_weight=tuple(backward_weight), activation=tuple(activation),
-        freed_by_b=tuple(freed_b), freed_by_w=tuple(freed_w), static=tuple(static),
+        backward_weight=tuple(backward_weight),
+        backward_fused=None if backward_fused is None else tuple(backward_fused),
+        activation=tuple(activation), freed_by_b=tuple(freed_b), freed_by_w=tuple(freed_w),
+        static=tuple(static),
         budget=tuple(budget), p2p=parse_seconds(time.get("p2p", 0), "p2p"),
         d2h_bandwidth=parse_bandwidth(offload.get("d2h_bandwidth", "25GB/s"), "d2h_bandwidth"),
         h2d_bandwidth=parse_bandwidth(offload.get("h2d_bandwidth", "25GB/s"), "h2d_bandwidth"),
@@ -309,6 +355,8 @@ def problem_to_toml(problem: Problem) -> str:
 
     budget = ('"inf"' if all(b == float("inf") for b in problem.budget)
               else ints(problem.budget))
+    fused = ([] if problem.backward_fused is None
+             else [f"backward_fused = {seconds(problem.backward_fused)}"])
     return "\n".join([
         f'name = "{problem.name}"',
         f"stages = {problem.stages}",
@@ -319,6 +367,7 @@ def problem_to_toml(problem: Problem) -> str:
         f"forward = {seconds(problem.forward)}",
         f"backward_input = {seconds(problem.backward_input)}",
         f"backward_weight = {seconds(problem.backward_weight)}",
+        *fused,
         f'p2p = "{problem.p2p * 1e3:.6g}ms"',
         "",
         "[memory]",
@@ -340,8 +389,11 @@ def uniform_problem(stages: int, microbatches: int, forward: float = 1.0,
                     p2p: float = 0.0, activation: int = 1000, freed_by_b: int | None = None,
                     static: int = 0, budget: float = float("inf"),
                     d2h_bandwidth: float = 25e9, h2d_bandwidth: float = 25e9,
-                    name: str = "uniform") -> Problem:
-    """A problem whose stages are all alike: the workhorse of tests and benchmarks."""
+                    name: str = "uniform", backward_fused: float | None = None) -> Problem:
+    """A problem whose stages are all alike: the workhorse of tests and benchmarks.
+
+    ``backward_fused`` (seconds of a fused BW; None: B + W) is the same on every stage.
+    """
     freed_b = activation // 2 if freed_by_b is None else freed_by_b
     return Problem(
         stages=stages, microbatches=microbatches,
@@ -349,4 +401,5 @@ def uniform_problem(stages: int, microbatches: int, forward: float = 1.0,
         backward_weight=(backward_weight,) * stages, activation=(activation,) * stages,
         freed_by_b=(freed_b,) * stages, freed_by_w=(activation - freed_b,) * stages,
         static=(static,) * stages, budget=(budget,) * stages, p2p=p2p,
-        d2h_bandwidth=d2h_bandwidth, h2d_bandwidth=h2d_bandwidth, name=name)
+        d2h_bandwidth=d2h_bandwidth, h2d_bandwidth=h2d_bandwidth, name=name,
+        backward_fused=None if backward_fused is None else (backward_fused,) * stages)

@@ -13,7 +13,10 @@
 2. Prediction. The model is profiled (``optpipe.runtime.profile``), the simulator
    predicts each schedule's makespan on that problem, and the schedule is run on real
    processes; reported: measured step (first start to last end, median of the recorded
-   steps) against the prediction (target within 15%). A second prediction uses the
+   steps) against the prediction (target within 15%). A chunked schedule (the solved
+   one may use the V placement) is predicted on a profile of the model cut into the
+   schedule's stages with the runner's partition (one problem stage per chunk, each
+   measured), not on an even split of the base profile. A second prediction uses the
    per-action durations measured *during* the run (same data, same processes) to
    separate what the simulator's model of ordering and waiting explains from how much
    slower each action ran when the processes share the CPU cores.
@@ -90,21 +93,29 @@ def overhead_worker(rank: int, world: int, shape: dict, microbatches: int, iters
 
 
 # -------------------------------------------------------------- prediction
-def profile(shape: dict, stages: int, microbatches: int, threads: int, processes: int):
+def profile(shape: dict, stages: int, microbatches: int, threads: int, processes: int,
+            placement: list[int] | None = None, p2p: float | None = None):
+    """The profiled problem; with ``placement`` (a chunked schedule's), per chunk: the
+    model cut into ``len(placement)`` stages with the runner's partition for it."""
     from optpipe.runtime import GPTConfig
     from optpipe.runtime.profile import measure_p2p, profile_gpt
 
     config = GPTConfig.from_preset("tiny-gpt", **shape["config"])
-    problem = profile_gpt(config, stages, microbatches, micro_batch_size=shape["mbs"],
-                          processes=processes, threads=threads, repeats=3)
-    return replace(problem, p2p=measure_p2p(problem.meta["boundary_bytes"])), config
+    problem = profile_gpt(config, len(placement) if placement else stages, microbatches,
+                          micro_batch_size=shape["mbs"], processes=processes,
+                          threads=threads, repeats=3, placement=placement)
+    if p2p is None:
+        p2p = measure_p2p(problem.meta["boundary_bytes"])
+    return replace(problem, p2p=p2p), config
 
 
 def in_run_problem(problem, run, schedule):
-    """The problem with F/B/W times replaced by the medians measured during the run.
+    """The problem with F/B/W (and fused BW) times replaced by the medians measured
+    during the run.
 
-    For a chunked schedule (V, interleaved) the base problem is split first, so that each
-    of the schedule's stages gets its own measured times.
+    ``problem`` is the one the schedule was predicted on (for a chunked schedule the
+    per-chunk profile); a base problem is split first for a chunked schedule, so that
+    each of the schedule's stages gets its own measured times.
     """
     base = problem if schedule.stages == problem.stages else problem.split(schedule.placement)
     S = schedule.stages
@@ -119,16 +130,22 @@ def in_run_problem(problem, run, schedule):
                                                  + base.backward_weight[s])
             per["B"][s] = [t * share for t in per["BW"][s]]
             per["W"][s] = [t * (1 - share) for t in per["BW"][s]]
-    return replace(base,
-                   forward=tuple(statistics.median(v) for v in per["F"]),
-                   backward_input=tuple(statistics.median(v) for v in per["B"]),
-                   backward_weight=tuple(statistics.median(v) for v in per["W"]))
+    forward = tuple(statistics.median(v) for v in per["F"])
+    b = tuple(statistics.median(v) for v in per["B"])
+    w = tuple(statistics.median(v) for v in per["W"])
+    # the fused time this run measured (not the profile's), B + W where none ran
+    fused = (tuple(statistics.median(per["BW"][s]) if per["BW"][s] else b[s] + w[s]
+                   for s in range(S)) if any(per["BW"]) else None)
+    if fused is not None and not all(t > 0 for t in fused):
+        fused = None
+    return replace(base, forward=forward, backward_input=b, backward_weight=w,
+                   backward_fused=fused)
 
 
 def predict_rows(shape: dict, stages: int, microbatches: int, steps: int,
                  solve_seconds: float) -> list[dict]:
     from optpipe.generators import generate
-    from optpipe.runtime.measure import RunSpec, compare, measure_schedule
+    from optpipe.runtime.measure import RunSpec, compare, is_chunked, measure_schedule
     from optpipe.simulator import simulate
 
     threads = max(1, (os.cpu_count() or 1) // stages)
@@ -146,21 +163,31 @@ def predict_rows(shape: dict, stages: int, microbatches: int, steps: int,
         print(f"note: no solved schedule ({type(exc).__name__}: {exc})", file=sys.stderr)
     rows = []
     for schedule in schedules:
+        chunked = is_chunked(schedule)
+        if chunked:   # every chunk measured, cut as the runner will cut the model
+            placement = list(schedule.placement)
+            plain, _ = profile(shape, stages, microbatches, threads, 1, placement,
+                               p2p=problem.p2p)
+            under_load, _ = profile(shape, stages, microbatches, threads, stages,
+                                    placement, p2p=loaded.p2p)
+        else:
+            plain, under_load = problem, loaded
         spec = RunSpec(config=asdict(config), schedule=schedule.to_dict(),
-                       micro_batch_size=shape["mbs"], steps=steps, warmup=1)
+                       micro_batch_size=shape["mbs"], steps=steps, warmup=1,
+                       partition=plain.meta["partition"])
         run = measure_schedule(spec, threads=threads)
-        figures = compare(run, schedule, problem)
-        plan = simulate(loaded, schedule)
+        figures = compare(run, schedule, plain)
+        plan = simulate(under_load, schedule)
         cores = os.cpu_count() or 1
         rows.append({"stages": stages, "schedule": schedule.name,
                      "measured": figures["measured_step"],
                      "predicted": figures["simulated_step"],
                      "loaded": plan.makespan,
                      "core_bound": max(plan.makespan, sum(plan.device_busy) / cores),
-                     "in_run": simulate(in_run_problem(problem, run, schedule),
+                     "in_run": simulate(in_run_problem(plain, run, schedule),
                                         schedule).makespan,
                      "peak_equal": figures["measured_peak"] == figures["simulated_peak"],
-                     "chunked": schedule.stages != problem.stages})
+                     "chunked": chunked, "prediction": figures["prediction"]})
     return rows
 
 
@@ -199,15 +226,18 @@ def report(overhead: list[dict], prediction: list[dict], info: str, command: str
         return f"{measured / predicted - 1:+.0%}"
 
     for row in prediction:
-        peak = "yes" if row["peak_equal"] else ("split*" if row["chunked"] else "no")
-        lines.append(f"| {row['stages']} | {row['schedule']} | {ms(row['measured'])} | "
+        peak = "yes" if row["peak_equal"] else "no"
+        name = row["schedule"] + (" *" if row["chunked"] else "")
+        lines.append(f"| {row['stages']} | {name} | {ms(row['measured'])} | "
                      f"{ms(row['predicted'])} | {err(row['measured'], row['predicted'])} | "
                      f"{ms(row['loaded'])} | {err(row['measured'], row['loaded'])} | "
                      f"{ms(row['in_run'])} | {err(row['measured'], row['in_run'])} | "
                      f"{ms(row['core_bound'])} | {err(row['measured'], row['core_bound'])} | "
                      f"{peak} |")
-    lines += ["", "*split: a chunked schedule is judged on the base problem split evenly "
-                  "into chunks (Problem.split), an approximation of its real stages. "
+    lines += ["", "\\* chunked schedule (V or interleaved): the profile and the profile "
+                  "under load are per-chunk profiles, the model cut into the schedule's "
+                  "stages with the runner's partition and each stage measured (not an even "
+                  "split of the base profile); in-run takes each chunk's own durations. "
                   "*Capped by cores*: max(makespan, total busy time / CPU cores) - the "
                   "simulator assumes one independent device per stage, but here all ranks "
                   "share the machine's cores."]

@@ -93,7 +93,7 @@ def main() -> int:
             print(f"    FAIL {r['model']} {r['schedule']}: {r}")
         ok &= not bad
 
-    # 2. F/B/W times -------------------------------------------------------------
+    # 2. F/B/W/BW times ----------------------------------------------------------
     config = GPTConfig.from_preset("tiny-gpt", layers=args.layers, hidden=args.hidden,
                                    ffn_hidden=4 * args.hidden, heads=max(1, args.hidden // 64),
                                    seq_len=args.seq_len, vocab=50304)
@@ -106,7 +106,8 @@ def main() -> int:
     for s in range(problem.stages):
         print(f"    stage {s}: F {problem.forward[s] * 1e3:7.2f} ms  B "
               f"{problem.backward_input[s] * 1e3:7.2f} ms  W "
-              f"{problem.backward_weight[s] * 1e3:7.2f} ms  kept "
+              f"{problem.backward_weight[s] * 1e3:7.2f} ms  BW "
+              f"{problem.bw_time(s) * 1e3:7.2f} ms  kept "
               f"{format_bytes(problem.activation[s])}/microbatch (B frees "
               f"{format_bytes(problem.freed_by_b[s])})")
 

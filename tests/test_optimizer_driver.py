@@ -44,6 +44,24 @@ def test_never_worse_than_fixed_and_within_budget() -> None:
         assert result.objective == pytest.approx(sim.makespan, rel=1e-6)
 
 
+def test_per_placement_proofs_are_reported() -> None:
+    """Each searched placement says its best, its bound and whether it is proven; the
+    overall bound is the least of them, and each best is a real (simulated) schedule."""
+    problem = uniform_problem(4, 8, p2p=0.05).activation_budget(4)
+    result = solve(problem, time_limit=20, progress=False, offload=False)
+    labels = [p["placement"] for p in result.placements]
+    assert "linear" in labels and len(set(labels)) == len(labels)
+    for proof in result.placements:
+        assert proof["bound"] <= proof["best"] * (1 + 1e-9)
+        assert proof["optimal"] == (proof["gap"] <= 1e-9)
+        assert proof["best"] >= result.makespan * (1 - 1e-9)
+    assert result.bound == pytest.approx(min(p["bound"] for p in result.placements))
+    if result.status == "optimal":    # the V shape is proven optimal here within seconds
+        assert any(p["optimal"] and p["best"] == pytest.approx(result.makespan)
+                   for p in result.placements)
+    assert result.schedule.provenance["placements"] == result.placements
+
+
 def test_offload_beats_no_offload_at_tight_budget() -> None:
     """Same placement, same engine: allowing offload must pay off when memory binds.
 

@@ -68,7 +68,7 @@ def duration(problem: Problem, action: Action) -> float:
     if action.op is Op.W:
         return problem.backward_weight[s]
     if action.op is Op.BW:
-        return problem.backward_input[s] + problem.backward_weight[s]
+        return problem.bw_time(s)   # measured fused backward, else B + W
     if action.op is Op.OFFLOAD:
         return transfer_bytes(problem, action) / problem.d2h_bandwidth
     if action.op is Op.RELOAD:

@@ -123,7 +123,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         data = result.sim.to_json(actions=True)
         data.update(status=result.status, objective=result.objective, bound=result.bound,
-                    gap=result.gap, solver=result.engine, wall_time=result.wall_time)
+                    gap=result.gap, solver=result.engine, wall_time=result.wall_time,
+                    placements=result.placements)
         json.dump(data, sys.stdout, indent=1, default=_json_default)
         sys.stdout.write("\n")
         return 0
@@ -186,6 +187,16 @@ def _note(result: Any) -> str:
     return " ".join(parts)
 
 
+def _placement_note(proof: dict[str, Any]) -> str:
+    """``linear: optimal 104.4s`` or ``v: 103.8s, bound 99.85s (gap 3.9%)``."""
+    from optpipe.units import format_seconds
+    best = format_seconds(proof["best"])
+    if proof["optimal"]:
+        return f"{proof['placement']}: optimal {best}"
+    return (f"{proof['placement']}: {best}, bound {format_seconds(proof['bound'])} "
+            f"(gap {proof['gap']:.2%})")
+
+
 def _print_summary(result: Any, out: Path, chart: Path | None) -> None:
     from optpipe.units import format_seconds
     sim = result.sim
@@ -194,6 +205,8 @@ def _print_summary(result: Any, out: Path, chart: Path | None) -> None:
     if result.bound is not None:
         gap = f", gap {result.gap:.2%}" if result.gap is not None else ""
         lines.append(f"bound      {format_seconds(result.bound)}{gap}")
+    if len(getattr(result, "placements", [])) > 1:
+        lines.append("placements " + "; ".join(_placement_note(p) for p in result.placements))
     lines.append(f"solver     {result.engine}, {result.wall_time:.1f}s")
     lines.append(f"wrote      {out}" + (f", {chart}" if chart else ""))
     print("\n".join(lines))

@@ -797,6 +797,7 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
     if offload and timed.makespan != int(round(raw)):
         extra["asap_mismatch_ticks"] = int(round(raw)) - timed.makespan
     bound_ticks = min(solver.best_objective_bound, objective_ticks)
+    wall = time.monotonic() - t0          # the window search's time included
     objective = objective_ticks / ticks.scale
     bound = bound_ticks / ticks.scale
     if status == FEASIBLE and bound_ticks >= objective_ticks:

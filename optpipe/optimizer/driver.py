@@ -69,6 +69,10 @@ class SolveResult:
     message: str = ""
     fixed: list[Candidate] = field(default_factory=list)
     runs: list[EngineResult] = field(default_factory=list)
+    #: What is proven per placement searched: ``{"placement": label, "best": seconds,
+    #: "bound": seconds, "gap": ..., "optimal": bool}``. The overall ``bound`` is the least
+    #: of them; a placement can be proven optimal while the overall gap stays open.
+    placements: list[dict[str, Any]] = field(default_factory=list)
 
     def __iter__(self):
         yield self.schedule
@@ -145,11 +149,20 @@ def solve(problem: Problem, *, solver: str = "auto", offload: bool | None = None
     finally:
         if reporter is not None and hasattr(reporter, "close"):
             reporter.close()
+    if split_backward and union_bound is not None:
+        relaxed = _fused_relaxed_bound(problem, spaces)
+        if relaxed is not None and relaxed < union_bound:
+            union_bound = relaxed
+            notes.append("a fused backward is faster than B + W on some stage, and the "
+                         "engines model split backwards only: the bound is that of a "
+                         "relaxation covering fused and mixed schedules too, so it is weaker")
     result = _choose(problem, runs, best_fixed, time.monotonic() - t0, union_bound, gap)
     if notes:
         result.message = "; ".join(filter(None, [result.message] + notes))
     result.fixed = fixed.candidates
     result.runs = runs
+    result.placements = _placement_proofs(spaces, runs, fixed, use_offload, split_backward,
+                                          gap)
     _stamp(result, problem, time_limit=time_limit, gap=gap, threads=threads,
            offload=use_offload, split_backward=split_backward, levels=levels)
     if cache and result.status in (OPTIMAL, FEASIBLE):
@@ -325,6 +338,62 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
     return min(sp.bound for sp in spaces)
 
 
+def _placement_proofs(spaces: list[_Space], runs: list[EngineResult], fixed: FixedSet,
+                      use_offload: bool, split_backward: bool, gap: float
+                      ) -> list[dict[str, Any]]:
+    """Best schedule, proven bound and status on each placement searched.
+
+    Why report it: the overall bound is the least over placements, so one open
+    placement (the V shape at tight budgets) hides that another (one stage per device,
+    the model the MILP also builds) was solved to optimality.
+    """
+    out = []
+    for sp in spaces:
+        label = "linear+offload" if sp.label == "linear" and use_offload else sp.label
+        best = min([r.objective for r in runs if r.objective is not None
+                    and r.status != ERROR and r.extra.get("space", "linear")
+                    in (sp.label, label)]
+                   + [c.makespan for c in fixed.candidates if c.fits
+                      and list(c.schedule.placement) == sp.placement
+                      and (use_offload or not c.schedule.offloads)
+                      and (split_backward or not c.schedule.splits_backward)],
+                   default=math.inf)
+        if not math.isfinite(best):
+            continue
+        bound = min(sp.bound, best)
+        g = relative_gap(best, bound)
+        out.append({"placement": label, "best": best, "bound": bound, "gap": g,
+                    "optimal": g is not None and g <= gap + 1e-9})
+    return out
+
+
+def _fused_relaxed_bound(problem: Problem, spaces: list[_Space]) -> float | None:
+    """A lower bound valid for schedules that fuse some backwards, or None if not needed.
+
+    Why: with a measured ``backward_fused`` shorter than B + W, a schedule that fuses a
+    backward can beat every split schedule, so the split engines' bounds do not cover
+    it. The relaxation shortens W to ``max(0, BW - B)`` (and B to ``BW`` if even that is
+    shorter): any fused BW then maps onto an adjacent B', W' pair no longer than it, which
+    releases memory no later and sends the gradient no later, so the relaxation's
+    no-memory bound over the searched placements holds for every schedule.
+    """
+    if problem.backward_fused is None:
+        return None
+    b_in, b_w = list(problem.backward_input), list(problem.backward_weight)
+    faster = False
+    for s in range(problem.stages):
+        bw = problem.bw_time(s)
+        if bw < b_in[s] + b_w[s] - 1e-12:
+            faster = True
+            b_in[s] = min(b_in[s], bw)
+            b_w[s] = max(0.0, bw - b_in[s])
+    if not faster:
+        return None
+    relaxed = replace(problem, backward_input=tuple(b_in), backward_weight=tuple(b_w),
+                      backward_fused=None)
+    return min(lower_bound(task_graph(relaxed, True, sp.placement)) for sp in spaces)
+
+
 def _makespan_of(runs: list[EngineResult], label: str) -> float:
     """Best objective the runs found on one placement (inf if none)."""
     return min((r.objective for r in runs if r.extra.get("space") == label
@@ -455,6 +524,8 @@ def _stamp(result: SolveResult, problem: Problem, **options: Any) -> None:
         prov["offload_levels"] = list(options["levels"])
     if result.message:
         prov["message"] = result.message
+    if result.placements:
+        prov["placements"] = [dict(p) for p in result.placements]
     prov["runs"] = [{"engine": r.engine, "status": r.status, "objective": r.objective,
                      "bound": r.bound, "wall_time": round(r.wall_time, 3),
                      **{k: v for k, v in r.extra.items() if isinstance(v, (int, float, str,

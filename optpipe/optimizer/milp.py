@@ -561,8 +561,7 @@ class _DisjunctiveModel:
             delta = P.offload_time(s) / u
             rho_d = P.reload_time(s) / u
             f_d = P.forward[s] / u
-            b_d = (P.backward_input[s] if split else
-                   P.backward_input[s] + P.backward_weight[s]) / u
+            b_d = (P.backward_input[s] if split else P.bw_time(s)) / u
             w_d = P.backward_weight[s] / u if split else 0.0
             F = [self.k(Op.F, s, i) for i in range(M)]
             B = [self.k(bop, s, i) for i in range(M)]
@@ -767,8 +766,7 @@ class _DisjunctiveModel:
             delta = P.offload_time(s) / u
             rho_d = P.reload_time(s) / u
             f_d = P.forward[s] / u
-            b_d = (P.backward_input[s] if split else P.backward_input[s]
-                   + P.backward_weight[s]) / u
+            b_d = (P.backward_input[s] if split else P.bw_time(s)) / u
             w_d = P.backward_weight[s] / u if split else 0.0
             F = [self.k(Op.F, s, i) for i in range(M)]
             B = [self.k(bop, s, i) for i in range(M)]

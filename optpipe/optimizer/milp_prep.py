@@ -328,7 +328,7 @@ def greedy_schedule(problem: Problem, split_backward: bool, *, prefer: str = "B"
     p2p = problem.p2p
     fw_t, b_t, w_t = problem.forward, problem.backward_input, problem.backward_weight
     bw_op = Op.B if split_backward else Op.BW
-    b_len = [b_t[s] if split_backward else b_t[s] + w_t[s] for s in range(S)]
+    b_len = [b_t[s] if split_backward else problem.bw_time(s) for s in range(S)]
     free_b = [problem.freed_by_b[s] if split_backward else problem.activation[s]
               for s in range(S)]
     inflight = list(inflight) if inflight is not None else [math.inf] * S

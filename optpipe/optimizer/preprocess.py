@@ -619,7 +619,9 @@ def canonical_form(schedule: Schedule, problem: Problem, split_backward: bool = 
     """Rewrite a fixed schedule into the form the engines model, or None if it cannot be.
 
     The engines assume: one stage per device; FIFO per op type and stage; split B/W when
-    ``split_backward`` (a fused BW becomes B then W at once: same times, same memory);
+    ``split_backward`` (a fused BW becomes B then W at once: the same memory, and the
+    same times unless ``backward_fused`` is shorter than B + W — then the hint is slower
+    than its source, and the driver's bound covers fused schedules by a relaxation);
     every OFFLOAD listed right after its F (issuing it later never helps); reloads in
     microbatch order; fractions among ``offload_levels`` when given.
     """

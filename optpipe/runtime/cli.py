@@ -9,7 +9,10 @@ problem file every other command accepts.
 process per device on this machine (gloo on CPU, NCCL with a GPU per device), trains a
 few steps with the schedule, and prints the measured step time and peak memory next
 to the simulator's prediction on the profiled problem (``--problem FILE`` to reuse a
-profile). ``--gantt FILE`` draws the measured step.
+profile). ``--gantt FILE`` draws the measured step. A chunked schedule (interleaved,
+V) is predicted on a second profile of the model cut into the schedule's stages, with
+the partition the runner uses for it; with ``--problem FILE`` (one stage per device)
+its chunks get an even split of each device's figures instead, and the output says so.
 """
 
 from __future__ import annotations
@@ -74,7 +77,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     group.add_argument("--seq-len", type=int, help="sequence length (default: the preset's)")
     group.add_argument("--dtype", default="float32", help="float32 (default), float64, bfloat16")
     group.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
-    group.add_argument("--partition", help="blocks per stage, e.g. 2,2,2,2 (default: balanced)")
+    group.add_argument("--partition",
+                       help="blocks per stage, e.g. 2,2,2,2 (default: balanced); for a "
+                            "chunked schedule one count per schedule stage")
     group.add_argument("--optimizer", default="adam",
                        help="adam (default), adamw, sgd, momentum or none: sets static bytes")
     group.add_argument("--mem", metavar="BYTES", help="budget per device for the problem file")
@@ -145,8 +150,18 @@ def _p2p(args: argparse.Namespace, boundary: int, device: str) -> float:
     return measure_p2p(boundary)
 
 
-def profile_from_args(args: argparse.Namespace) -> Any:
-    """Profile the model the options describe; the problem (base: one stage per device)."""
+_FROM_ARGS = object()
+
+
+def profile_from_args(args: argparse.Namespace, placement: list[int] | None = None,
+                      partition: Any = _FROM_ARGS, p2p: float | None = None) -> Any:
+    """Profile the model the options describe; the problem (base: one stage per device).
+
+    ``placement`` (a chunked schedule's): profile the model cut into the schedule's
+    stages, with the partition the runner uses for it, into the chunked problem
+    (``profile_model(placement=...)``). ``partition`` overrides ``--partition``;
+    ``p2p`` (seconds) skips measuring the latency again.
+    """
     from optpipe.runtime.measure import parse_dtype
     from optpipe.runtime.profile import profile_gpt
 
@@ -157,14 +172,17 @@ def profile_from_args(args: argparse.Namespace) -> Any:
     parse_dtype(args.dtype)
     budget = parse_bytes(args.mem, "--mem") if args.mem else float("inf")
     processes = args.profile_processes
-    problem = profile_gpt(config, args.stages, args.microbatches,
+    problem = profile_gpt(config, len(placement) if placement else args.stages,
+                          args.microbatches,
                           micro_batch_size=args.micro_batch_size, dtype=args.dtype,
                           device=device, optimizer=args.optimizer,
-                          partition=_partition(args), repeats=getattr(args, "repeats", 3),
+                          partition=_partition(args) if partition is _FROM_ARGS else partition,
+                          repeats=getattr(args, "repeats", 3),
                           budget=budget, seed=args.seed, processes=processes,
                           threads=_threads(args, max(processes, args.stages)),
-                          name=f"{Path(args.model).stem}-profiled")
-    p2p = _p2p(args, problem.meta["boundary_bytes"], device)
+                          name=f"{Path(args.model).stem}-profiled", placement=placement)
+    if p2p is None:
+        p2p = _p2p(args, problem.meta["boundary_bytes"], device)
     meta = {**problem.meta, "model": args.model, "dtype": args.dtype,
             "micro_batch_size": args.micro_batch_size, "seq_len": config.seq_len,
             "layers": config.layers}
@@ -181,8 +199,10 @@ def _profile(args: argparse.Namespace) -> int:
             f"partition {problem.meta['partition']}\n" + problem_to_toml(problem))
     if args.output:
         Path(args.output).write_text(text)
+        fused = ("" if problem.backward_fused is None
+                 else f"BW {_ms(problem.backward_fused)}, ")
         print(f"wrote {args.output}  (F {_ms(problem.forward)}, B {_ms(problem.backward_input)}, "
-              f"W {_ms(problem.backward_weight)}, activation "
+              f"W {_ms(problem.backward_weight)}, {fused}activation "
               f"{', '.join(format_bytes(a) for a in problem.activation)} per microbatch)")
     else:
         sys.stdout.write(text)
@@ -196,13 +216,14 @@ def _ms(values: Any) -> str:
 def _run(args: argparse.Namespace) -> int:
     from optpipe.cli_common import schedule_from_args
     from optpipe.problem import load_problem
-    from optpipe.runtime.measure import RunSpec, compare, measure_schedule
+    from optpipe.runtime.measure import RunSpec, compare, is_chunked, measure_schedule
 
     _positive(args, "stages", "microbatches", "micro_batch_size", "steps", "layers", "seq_len")
     if args.warmup < 0:
         raise OptPipeError(f"--warmup must not be negative, got {args.warmup}")
     config = _config(args)
     device = _device(args)
+    partition = _partition(args)
     if args.problem:
         problem = load_problem(args.problem)
         if problem.stages != args.stages or problem.chunks != 1:
@@ -210,14 +231,30 @@ def _run(args: argparse.Namespace) -> int:
                                f"--stages is {args.stages}; profile again or fix --stages")
         if problem.microbatches != args.microbatches:
             problem = replace(problem, microbatches=args.microbatches)
+        schedule = schedule_from_args(args, problem)
     else:
-        problem = profile_from_args(args)
-    schedule = schedule_from_args(args, problem)
+        # the base profile (one stage per device) generates the schedule; a --partition
+        # with one count per chunk of a chunked schedule applies to the chunk profile only
+        per_device = not isinstance(partition, list) or len(partition) == args.stages
+        base = profile_from_args(args, partition=partition if per_device else None)
+        schedule = schedule_from_args(args, base)
+        if is_chunked(schedule):
+            # every chunk measured: the model cut into the schedule's stages exactly as
+            # the runner will cut it, instead of an even split of the base profile
+            problem = profile_from_args(args, placement=list(schedule.placement),
+                                        partition=partition, p2p=base.p2p)
+        elif not per_device:
+            raise OptPipeError(f"--partition {args.partition} lists {len(partition)} stages "
+                               f"but schedule '{schedule.name}' has {schedule.stages}; give "
+                               f"one block count per stage")
+        else:
+            problem = base
+        partition = problem.meta["partition"]       # the profiled cut, for the runner
     timeout = parse_seconds(args.timeout, "--timeout")
     spec = RunSpec(config=asdict(config), schedule=schedule.to_dict(),
                    micro_batch_size=args.micro_batch_size, steps=args.steps,
                    warmup=args.warmup, dtype=args.dtype, seed=args.seed,
-                   optimizer=args.optimizer, partition=_partition(args), timeout=timeout,
+                   optimizer=args.optimizer, partition=partition, timeout=timeout,
                    device=device)
     run = measure_schedule(spec, single_process=args.single_process,
                            threads=_threads(args, 1 if args.single_process else args.stages))
@@ -261,6 +298,16 @@ def _print(figures: dict[str, Any], schedule: Any, problem: Any,
         table.add_row(f"device {d} peak", format_bytes(m), format_bytes(s),
                       f"{m / s - 1:+.1%}" if s else "")
     console.print(table)
+    if figures["prediction"] == "per-chunk profile":
+        console.print(f"predicted per chunk: the model profiled in the schedule's "
+                      f"{problem.stages} stages (partition {problem.meta.get('partition')}, "
+                      f"placement {problem.meta.get('placement')}), as the runner cuts it")
+    elif figures["prediction"] == "even split":
+        console.print(f"note: chunk times are an even split: the problem has one stage per "
+                      f"device, so each of the schedule's {schedule.stages} chunks is "
+                      f"predicted with 1/{schedule.stages // schedule.devices} of its "
+                      f"device's times and bytes (Problem.split), not measured per chunk; "
+                      f"run without --problem to profile every chunk")
     losses = ", ".join(f"{x:.4f}" for x in figures["losses"] if x is not None)
     console.print(f"losses per step: {losses}")
     console.print(f"wall time in step() (slowest rank, median): "

@@ -7,6 +7,11 @@ with the losses and each device's static bytes. :func:`compare` puts the median
 measured step beside the simulator's makespan on a (profiled) problem, and each
 device's measured peak (static + kept activations, by the runtime's accounting) beside
 the simulated peak. ``optpipe run`` is these two calls and a table.
+
+A chunked schedule (interleaved, V: several model stages per device) is predicted on a
+problem profiled per chunk (:func:`optpipe.runtime.profile.profile_model` with the
+schedule's ``placement``, the partition the runner uses); :func:`prediction_basis`
+says which kind of problem a prediction used, and :func:`compare` reports it.
 """
 
 from __future__ import annotations
@@ -162,12 +167,43 @@ def measure_schedule(spec: RunSpec, single_process: bool = False,
                        {"partition": first["partition"]})
 
 
+def is_chunked(schedule: Schedule) -> bool:
+    """Whether ``schedule`` puts other than one stage per device, in order (V, interleaved)."""
+    return list(schedule.placement) != list(range(schedule.devices))
+
+
+def prediction_basis(problem: Problem, schedule: Schedule) -> str:
+    """What the simulator times ``schedule``'s stages with on ``problem``.
+
+    ``"profile"``: one stage per device, each measured; ``"per-chunk profile"``: a chunked
+    schedule on a problem whose every chunk was measured (``meta["per_chunk"]``, set by
+    the profiler); ``"even split"``: a chunked schedule on a base problem (or a
+    :meth:`Problem.split` of one), so each chunk gets ``1/v`` of its device's figures.
+    """
+    if not is_chunked(schedule):
+        return "profile"
+    if problem.chunks > 1 and problem.meta.get("per_chunk"):
+        return "per-chunk profile"
+    return "even split"
+
+
 def compare(run: MeasuredRun, schedule: Schedule, problem: Problem) -> dict[str, Any]:
-    """Measured vs simulated figures of one schedule, as plain data."""
+    """Measured vs simulated figures of one schedule, as plain data.
+
+    ``problem`` is the base problem or, for a chunked schedule, a per-chunk profile (or
+    a split); ``"prediction"`` says which (:func:`prediction_basis`), ``"problem"``
+    describes it (stages, devices, placement, partition).
+    """
     sim: SimResult = simulate(problem, schedule)
     measured_peak = run.peak()
     return {
         "schedule": schedule.name,
+        "prediction": prediction_basis(problem, schedule),
+        "problem": {"stages": problem.stages, "devices": problem.devices,
+                    "placement": list(problem.meta.get("placement",
+                                                       range(problem.stages))),
+                    "partition": problem.meta.get("partition")},
+        "partition": run.extra.get("partition"),
         "measured_step": run.step_time,
         "measured_wall": run.wall_time,
         "simulated_step": sim.makespan,
