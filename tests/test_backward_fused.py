@@ -244,3 +244,6 @@ def test_split_solve_bound_covers_faster_fused_backwards():
     assert split.bound <= fused.makespan + 1e-9
     assert split.bound <= split.makespan + 1e-9
     assert "relaxation" in split.message
+    # the fused model is searched too, so the split solve is no slower than the fused one
+    assert any(p["placement"].endswith("/fused") for p in split.placements)
+    assert split.makespan <= fused.makespan * (1 + 1e-9)

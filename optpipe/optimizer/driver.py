@@ -161,8 +161,7 @@ def solve(problem: Problem, *, solver: str = "auto", offload: bool | None = None
         result.message = "; ".join(filter(None, [result.message] + notes))
     result.fixed = fixed.candidates
     result.runs = runs
-    result.placements = _placement_proofs(spaces, runs, fixed, use_offload, split_backward,
-                                          gap)
+    result.placements = _placement_proofs(problem, spaces, runs, fixed, use_offload, gap)
     _stamp(result, problem, time_limit=time_limit, gap=gap, threads=threads,
            offload=use_offload, split_backward=split_backward, levels=levels)
     if cache and result.status in (OPTIMAL, FEASIBLE):
@@ -216,6 +215,24 @@ def _resolve_offload(problem: Problem, offload: bool | None, fixed: FixedSet,
                and not c.schedule.offloads for c in fixed.candidates)
 
 
+def _fused_faster(problem: Problem) -> bool:
+    """Is a measured fused backward shorter than B + W on some stage?"""
+    return problem.backward_fused is not None and any(
+        problem.bw_time(s) < problem.backward_input[s] + problem.backward_weight[s] - 1e-12
+        for s in range(problem.stages))
+
+
+def _in_space(schedule: Schedule, split: bool, fused_faster: bool) -> bool:
+    """Is ``schedule`` one the engines model with split (B, W) or fused (BW) backwards?
+
+    A fused BW is the same as B then W at once unless the fused time is shorter, so
+    fused schedules belong to the split space too exactly when it is not.
+    """
+    if split:
+        return schedule.splits_backward or not fused_faster
+    return not schedule.splits_backward
+
+
 def _hint_pool(fixed: FixedSet, split_backward: bool) -> list[Schedule]:
     """Fitting fixed schedules, fastest first (each engine run keeps its placement's)."""
     pool = [c for c in fixed.candidates if c.fits
@@ -233,6 +250,7 @@ class _Space:
     placement: list[int]
     bound: float            # proven lower bound for schedules on this placement
     best_fixed: float       # best fitting fixed schedule on it (inf if none)
+    split: bool = True      # backwards modelled as B and W (else fused BW)
 
 
 def _spaces(problem: Problem, split_backward: bool, fixed: FixedSet,
@@ -244,6 +262,10 @@ def _spaces(problem: Problem, split_backward: bool, fixed: FixedSet,
     hint on the placement is needed. Each starts with its no-memory lower bound; only
     CP-SAT searches the chunked ones (the MILP models one stage per device), but their
     bounds always count, because a fixed schedule on them may be returned.
+
+    When a measured fused backward is faster than B + W, each placement is also searched
+    with fused backwards (label ``.../fused``): the split model cannot express the
+    saving, and fused schedules (1F1B-like) may then be the fastest.
     """
     from optpipe.schedule import interleaved_placement, v_placement
 
@@ -251,15 +273,18 @@ def _spaces(problem: Problem, split_backward: bool, fixed: FixedSet,
     options = [("linear", linear_placement(D))]
     if D >= 2:
         options += [("v", v_placement(D)), ("interleaved", interleaved_placement(D, 2))]
+    faster = _fused_faster(problem)
+    modes = [(split_backward, "")] + ([(False, "/fused")] if split_backward and faster else [])
     out = []
-    for label, place in options:
-        on = [c.makespan for c in fixed.candidates if c.fits and not c.schedule.offloads
-              and list(c.schedule.placement) == place
-              and (split_backward or not c.schedule.splits_backward)]
-        if label != "linear" and not on:
-            continue
-        lb = lower_bound(task_graph(problem, split_backward, place))
-        out.append(_Space(label, place, lb, min(on, default=math.inf)))
+    for split, suffix in modes:
+        for label, place in options:
+            on = [c.makespan for c in fixed.candidates if c.fits and not c.schedule.offloads
+                  and list(c.schedule.placement) == place
+                  and _in_space(c.schedule, split, faster)]
+            if label != "linear" and not on:
+                continue
+            lb = lower_bound(task_graph(problem, split, place))
+            out.append(_Space(label + suffix, place, lb, min(on, default=math.inf), split))
     out.sort(key=lambda sp: (sp.best_fixed, sp.bound))
     return out
 
@@ -304,9 +329,10 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
             share = left * (FIRST_SPACE_SHARE if rest and not sweep else 1.0)
             if share < (2.0 if sweep else 0.5) and runs:
                 continue
-            hints = ([best_on[space.label]] if space.label in best_on else []) + pool
+            hints = ([best_on[space.label]] if space.label in best_on else []) + \
+                _hint_pool(fixed, space.split)
             run = _run_engine(engine, problem, hints, max(0.5, share), gap, threads, False,
-                              split_backward, levels, progress, space.placement)
+                              space.split, levels, progress, space.placement)
             run.extra["space"] = space.label
             runs.append(run)
             if run.bound is not None and run.status != ERROR:
@@ -338,8 +364,8 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
     return min(sp.bound for sp in spaces)
 
 
-def _placement_proofs(spaces: list[_Space], runs: list[EngineResult], fixed: FixedSet,
-                      use_offload: bool, split_backward: bool, gap: float
+def _placement_proofs(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
+                      fixed: FixedSet, use_offload: bool, gap: float
                       ) -> list[dict[str, Any]]:
     """Best schedule, proven bound and status on each placement searched.
 
@@ -348,6 +374,7 @@ def _placement_proofs(spaces: list[_Space], runs: list[EngineResult], fixed: Fix
     the model the MILP also builds) was solved to optimality.
     """
     out = []
+    faster = _fused_faster(problem)
     for sp in spaces:
         label = "linear+offload" if sp.label == "linear" and use_offload else sp.label
         best = min([r.objective for r in runs if r.objective is not None
@@ -356,7 +383,7 @@ def _placement_proofs(spaces: list[_Space], runs: list[EngineResult], fixed: Fix
                    + [c.makespan for c in fixed.candidates if c.fits
                       and list(c.schedule.placement) == sp.placement
                       and (use_offload or not c.schedule.offloads)
-                      and (split_backward or not c.schedule.splits_backward)],
+                      and _in_space(c.schedule, sp.split, faster)],
                    default=math.inf)
         if not math.isfinite(best):
             continue
@@ -377,18 +404,14 @@ def _fused_relaxed_bound(problem: Problem, spaces: list[_Space]) -> float | None
     releases memory no later and sends the gradient no later, so the relaxation's
     no-memory bound over the searched placements holds for every schedule.
     """
-    if problem.backward_fused is None:
+    if not _fused_faster(problem):
         return None
     b_in, b_w = list(problem.backward_input), list(problem.backward_weight)
-    faster = False
     for s in range(problem.stages):
         bw = problem.bw_time(s)
-        if bw < b_in[s] + b_w[s] - 1e-12:
-            faster = True
+        if bw < b_in[s] + b_w[s]:
             b_in[s] = min(b_in[s], bw)
             b_w[s] = max(0.0, bw - b_in[s])
-    if not faster:
-        return None
     relaxed = replace(problem, backward_input=tuple(b_in), backward_weight=tuple(b_w),
                       backward_fused=None)
     return min(lower_bound(task_graph(relaxed, True, sp.placement)) for sp in spaces)
