@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import time
 from typing import Sequence
 
 from optpipe import __version__
@@ -159,7 +160,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: When :func:`main` was last entered (``time.monotonic()``): commands with a time limit
+#: count from here when they do not run as the ``optpipe`` process itself.
+ENTERED: float | None = None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    global ENTERED
+    ENTERED = time.monotonic()
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +67,16 @@ def register(subparsers: Any) -> None:
 
 
 def _since_start() -> float:
-    """Seconds since this process started (Linux /proc; 0 elsewhere)."""
+    """Seconds the command has run so far, start-up included.
+
+    Run as the ``optpipe`` command, that is since the process started (Linux /proc; 0
+    elsewhere), because interpreter and import time are part of what the user waits
+    for. Called from inside another program (tests, notebooks: ``optpipe.cli.main``),
+    the process's age says nothing about this command, so it counts from ``main``.
+    """
+    from optpipe import cli
+    if Path(sys.argv[0] if sys.argv else "").name not in ("optpipe", "cli.py"):
+        return max(0.0, time.monotonic() - cli.ENTERED) if cli.ENTERED else 0.0
     try:
         import os
         ticks = os.sysconf("SC_CLK_TCK")

@@ -43,6 +43,10 @@ OFFLOAD_MAX_CELLS = 256
 ORDER_SHARE_WITH_OFFLOAD = 0.3
 #: Share of the order-model time the most promising placement gets when others remain.
 FIRST_SPACE_SHARE = 0.7
+#: When other placements are searched too, one stage per device goes first with this
+#: share and the full model only (no window search): a proof attempt. It usually closes
+#: in seconds at budgets >= S, and what it leaves flows on to the other placements.
+LINEAR_PROOF_SHARE = 0.3
 DEFAULT_LEVELS = (1.0,)
 FALLBACK = "fallback"
 CACHED = "cached"
@@ -314,8 +318,10 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
     lb_linear = linear.bound
     best_on: dict[str, Schedule] = {}
     searchable = [sp for sp in spaces if engine == "cpsat" or sp.label == "linear"]
+    first = sorted(searchable, key=lambda sp: sp.label != "linear")   # stable
     for sweep in range(2):    # a second sweep gives time left over to open placements
-        for i, space in enumerate(searchable):
+        order = first if sweep == 0 else searchable
+        for i, space in enumerate(order):
             if offload_model and lb_linear >= incumbent * (1 - 1e-9):
                 offload_model = False                 # it can no longer win: its time
                 order_deadline = deadline             # goes to the order models
@@ -325,14 +331,17 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
                     _makespan_of(runs, space.label) * (1 - 1e-9):
                 continue                              # proven on this placement
             left = order_deadline - time.monotonic()
-            rest = [sp for sp in searchable[i + 1:] if sp.bound < incumbent * (1 - 1e-9)]
-            share = left * (FIRST_SPACE_SHARE if rest and not sweep else 1.0)
+            rest = [sp for sp in order[i + 1:] if sp.bound < incumbent * (1 - 1e-9)]
+            proof_attempt = not sweep and space.label == "linear" and bool(rest)
+            share = left * (LINEAR_PROOF_SHARE if proof_attempt else
+                            FIRST_SPACE_SHARE if rest and not sweep else 1.0)
             if share < (2.0 if sweep else 0.5) and runs:
                 continue
             hints = ([best_on[space.label]] if space.label in best_on else []) + \
                 _hint_pool(fixed, space.split)
             run = _run_engine(engine, problem, hints, max(0.5, share), gap, threads, False,
-                              space.split, levels, progress, space.placement)
+                              space.split, levels, progress, space.placement,
+                              decompose=False if proof_attempt else None)
             run.extra["space"] = space.label
             runs.append(run)
             if run.bound is not None and run.status != ERROR:
@@ -427,7 +436,8 @@ def _makespan_of(runs: list[EngineResult], label: str) -> float:
 def _run_engine(engine: str, problem: Problem, hints: list[Schedule], time_limit: float,
                 gap: float, threads: int, offload: bool, split_backward: bool,
                 levels: Sequence[float], progress: ProgressFn | None,
-                placement: list[int] | None = None) -> EngineResult:
+                placement: list[int] | None = None,
+                decompose: bool | None = None) -> EngineResult:
     t0 = time.monotonic()
     try:
         if engine == "cpsat":
@@ -435,7 +445,8 @@ def _run_engine(engine: str, problem: Problem, hints: list[Schedule], time_limit
             return solve_cpsat(problem, warm_start=hints, time_limit=time_limit, gap=gap,
                                threads=threads, offload=offload,
                                split_backward=split_backward, levels=levels,
-                               progress=progress, placement=placement)
+                               progress=progress, placement=placement,
+                               decompose=decompose)
         from optpipe.optimizer.milp import solve_milp  # the Pyomo engine
         linear = [h for h in hints if list(h.placement) == linear_placement(problem.devices)]
         return solve_milp(problem, warm_start=linear[0] if linear else None,
