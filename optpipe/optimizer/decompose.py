@@ -46,22 +46,29 @@ def window_search(problem: Problem, ticks, hint, *, lower: int, deadline: float,
     w = min(window, M)
     stale = 0
     first = 0
+    build_time = 0.0
     while time.monotonic() < deadline - 0.5 and best.makespan > lower:
         starts = list(range(0, max(1, M - w + 1), max(1, w // 2)))
         if starts[-1] != max(0, M - w):
             starts.append(max(0, M - w))
         improved = False
         for m1 in starts[first:] + starts[:first]:
-            left = deadline - time.monotonic()
-            if left < 0.5 or best.makespan <= lower:
+            # a step needs time to build its model (seconds at 16 stages) before CP-SAT
+            # starts: do not begin one that cannot finish by the deadline
+            if deadline - time.monotonic() < build_time + 0.5 or best.makespan <= lower:
                 break
             free = set(range(m1, m1 + w))
             fixed = [[k for k in seq if k[2] not in free] for seq in best.order]
+            t_build = time.monotonic()
             builder, handles = build_order_model(problem, ticks, best.makespan, lower,
                                                  best, fixed_order=fixed)
             builder.add_hints()
+            build_time = max(build_time, time.monotonic() - t_build)
+            left = deadline - time.monotonic()
+            if left < 0.3:
+                break
             solver = cp_model.CpSolver()
-            solver.parameters.max_time_in_seconds = max(0.2, min(step_limit, left - 0.3))
+            solver.parameters.max_time_in_seconds = max(0.1, min(step_limit, left - 0.2))
             solver.parameters.num_workers = max(1, threads)
             solver.parameters.cp_model_probing_level = 0
             code = solver.solve(builder.model)

@@ -46,7 +46,7 @@ FIRST_SPACE_SHARE = 0.7
 #: When other placements are searched too, one stage per device goes first with this
 #: share and the full model only (no window search): a proof attempt. It usually closes
 #: in seconds at budgets >= S, and what it leaves flows on to the other placements.
-LINEAR_PROOF_SHARE = 0.3
+LINEAR_PROOF_SHARE = 0.4
 DEFAULT_LEVELS = (1.0,)
 FALLBACK = "fallback"
 CACHED = "cached"
@@ -335,8 +335,8 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
             proof_attempt = not sweep and space.label == "linear" and bool(rest)
             share = left * (LINEAR_PROOF_SHARE if proof_attempt else
                             FIRST_SPACE_SHARE if rest and not sweep else 1.0)
-            if share < (2.0 if sweep else 0.5) and runs:
-                continue
+            if share < max(2.0 if sweep else 0.5, _build_seconds(problem)) and runs:
+                continue                              # it could not finish in time
             hints = ([best_on[space.label]] if space.label in best_on else []) + \
                 _hint_pool(fixed, space.split)
             run = _run_engine(engine, problem, hints, max(0.5, share), gap, threads, False,
@@ -424,6 +424,15 @@ def _fused_relaxed_bound(problem: Problem, spaces: list[_Space]) -> float | None
     relaxed = replace(problem, backward_input=tuple(b_in), backward_weight=tuple(b_w),
                       backward_fused=None)
     return min(lower_bound(task_graph(relaxed, True, sp.placement)) for sp in spaces)
+
+
+def _build_seconds(problem: Problem) -> float:
+    """A generous estimate of building and hinting one order model, in seconds.
+
+    Measured on 2 cores: 16 x 64 takes ~1 s to pick the hint and up to 3.4 s to build
+    (the V shape); a run started with less time than that would overrun the deadline.
+    """
+    return 1.0 + 0.004 * problem.stages * problem.microbatches
 
 
 def _makespan_of(runs: list[EngineResult], label: str) -> float:

@@ -515,7 +515,6 @@ class _DisjunctiveModel:
         P = self.problem
         M = P.microbatches
         split = self.graph.split_backward
-        u = self.unit
         dur = self.dur
         big = self.H * 2 + 1.0
         bop = Op.B if split else Op.BW
@@ -558,14 +557,7 @@ class _DisjunctiveModel:
             fb = (P.freed_by_b[s] if split else act) / act
             fwr = (P.freed_by_w[s] / act) if split else 0.0
             room = (P.budget[s] - P.static[s]) / act
-            delta = P.offload_time(s) / u
-            rho_d = P.reload_time(s) / u
-            f_d = P.forward[s] / u
-            b_d = (P.backward_input[s] if split else P.bw_time(s)) / u
-            w_d = P.backward_weight[s] / u if split else 0.0
-            F = [self.k(Op.F, s, i) for i in range(M)]
-            B = [self.k(bop, s, i) for i in range(M)]
-            W = [self.k(Op.W, s, i) for i in range(M)] if split else []
+            delta, rho_d, f_d, b_d, w_d, F, B, W = self._stage_offload_terms(s)
             tasks = self.win.device_tasks[s]
             work_all = sum(dur[t] for t in tasks)
             slack = delta * M + work_all + 1.0   # relaxes the robust-release rows
@@ -752,25 +744,30 @@ class _DisjunctiveModel:
         self._settle_derived()
         return True
 
-    def _settle_derived(self) -> None:
-        """Give the derived offload variables their tightest values (for a MIP start)."""
-        pyo, m, P, u = self.pyo, self.m, self.problem, self.unit
-        M = P.microbatches
+    def _stage_offload_terms(self, s: int) -> tuple[float, float, float, float, float,
+                                                    list[Any], list[Any], list[Any]]:
+        """Stage ``s``'s transfer and compute lengths in model units, and its F/B/W keys."""
+        P, u, M = self.problem, self.unit, self.problem.microbatches
         split = self.graph.split_backward
         bop = Op.B if split else Op.BW
+        return (P.offload_time(s) / u, P.reload_time(s) / u, P.forward[s] / u,
+                (P.backward_input[s] if split else P.bw_time(s)) / u,
+                P.backward_weight[s] / u if split else 0.0,
+                [self.k(Op.F, s, i) for i in range(M)],
+                [self.k(bop, s, i) for i in range(M)],
+                [self.k(Op.W, s, i) for i in range(M)] if split else [])
+
+    def _settle_derived(self) -> None:
+        """Give the derived offload variables their tightest values (for a MIP start)."""
+        pyo, m, P = self.pyo, self.m, self.problem
+        M = P.microbatches
+        split = self.graph.split_backward
 
         def val(expr: Any) -> float:
             return float(pyo.value(expr))
 
         for s in self.off_stages:
-            delta = P.offload_time(s) / u
-            rho_d = P.reload_time(s) / u
-            f_d = P.forward[s] / u
-            b_d = (P.backward_input[s] if split else P.bw_time(s)) / u
-            w_d = P.backward_weight[s] / u if split else 0.0
-            F = [self.k(Op.F, s, i) for i in range(M)]
-            B = [self.k(bop, s, i) for i in range(M)]
-            W = [self.k(Op.W, s, i) for i in range(M)] if split else []
+            delta, rho_d, f_d, b_d, w_d, F, B, W = self._stage_offload_terms(s)
             tasks = self.win.device_tasks[s]
             o = [round(val(m.o[s, i])) for i in range(M)]
             nbF = [sum(val(self.before(B[j], F[i])) for j in range(M) if j != i)
