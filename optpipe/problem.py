@@ -9,8 +9,11 @@ how B and W release them, static bytes and a budget per device, and the host-lin
 bandwidths used by activation offload.
 
 Schedules that split each device's share of the model into ``v`` chunks (interleaved
-1F1B, ZB-V) are judged against :meth:`Problem.split`, which divides every per-stage
-cost evenly among the chunks: the device count, static memory and budgets stay.
+1F1B, ZB-V) are judged against a chunked problem: ``stages`` = v x ``devices`` and the
+stage -> device ``placement`` in ``meta``. :meth:`Problem.split` makes one from a base
+problem by dividing every per-stage cost evenly among the chunks (the device count,
+static memory and budgets stay); the runtime's profiler can also measure each chunk
+(:func:`optpipe.runtime.profile.profile_model` with a placement).
 
 Problems load from TOML or JSON files (:func:`load_problem`) or come from the cost model
 (:mod:`optpipe.costmodel`); both are equally first-class.

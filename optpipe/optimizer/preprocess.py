@@ -462,6 +462,9 @@ def greedy_schedule(problem: Problem, split_backward: bool = True, *,
         if not progressed:
             later = [x for x in free if x > t + 1e-12] + [
                 e + g for e in end.values() for g in (0.0, lag) if e + g > t + 1e-12]
+            if not later:      # nothing runs and nothing may start: the budget is too small
+                raise OptPipeError(f"greedy schedule stuck at {t:.6g}s: no forward fits "
+                                   f"the memory budget")
             t = min(later)
     label = name or (f"greedy{'-eager' if eager_w else ''}{'-protect' if protect_b else ''}"
                      f"{f'-r{reserve}' if reserve else ''}")
