@@ -255,6 +255,7 @@ class _Space:
     bound: float            # proven lower bound for schedules on this placement
     best_fixed: float       # best fitting fixed schedule on it (inf if none)
     split: bool = True      # backwards modelled as B and W (else fused BW)
+    overrun: float = 0.0    # seconds a run on it went past its time limit (worst seen)
 
 
 def _spaces(problem: Problem, split_backward: bool, fixed: FixedSet,
@@ -335,7 +336,8 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
             proof_attempt = not sweep and space.label == "linear" and bool(rest)
             share = left * (LINEAR_PROOF_SHARE if proof_attempt else
                             FIRST_SPACE_SHARE if rest and not sweep else 1.0)
-            if share < max(2.0 if sweep else 0.5, _build_seconds(problem)) and runs:
+            if share < max(2.0 if sweep else 0.5, _build_seconds(problem)) + \
+                    space.overrun and runs:
                 continue                              # it could not finish in time
             hints = ([best_on[space.label]] if space.label in best_on else []) + \
                 _hint_pool(fixed, space.split)
@@ -344,6 +346,10 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
                               decompose=False if proof_attempt else None)
             run.extra["space"] = space.label
             runs.append(run)
+            # CP-SAT's initial propagation cannot be interrupted; remember how far past
+            # its limit this placement's model ran, so a second run is only started
+            # with room for that
+            space.overrun = max(space.overrun, run.wall_time - max(0.5, share))
             if run.bound is not None and run.status != ERROR:
                 space.bound = max(space.bound, run.bound)
             if run.objective is not None and run.schedule is not None:
