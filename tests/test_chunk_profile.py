@@ -183,3 +183,14 @@ def test_run_rejects_a_per_chunk_partition_for_an_unchunked_schedule(capsys):
                  "--microbatches", "4", "--p2p", "0ms", "--single-process"]) == 2
     assert "--partition 1,1,1,1 lists 4 stages but schedule '1f1b' has 2" in \
         capsys.readouterr().err
+
+
+def test_profile_under_load_needs_one_process_per_device():
+    """Profiling under load is one pipeline of ranks: any other count is a clear error."""
+    from optpipe.errors import OptPipeError
+    from optpipe.runtime import GPTConfig
+    from optpipe.runtime.profile import profile_gpt
+
+    config = GPTConfig.from_preset("tiny-gpt")
+    with pytest.raises(OptPipeError, match="one rank per device"):
+        profile_gpt(config, 4, 4, repeats=1, processes=3)

@@ -90,8 +90,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                        help="torch threads per process (default: CPU cores / stages)")
     group.add_argument("--seed", type=int, default=0, help="model and data seed (default 0)")
     group.add_argument("--profile-processes", type=int, default=1, metavar="N",
-                       help="profile in N processes at once and take medians: stage times "
-                            "under load, for ranks that share CPU cores (default 1)")
+                       help="profile as a pipeline of N gloo ranks, one per device (N = "
+                            "devices): stage times under load, for ranks that share CPU "
+                            "cores (default 1: a plain profile in one process)")
 
 
 # ------------------------------------------------------------------- helpers

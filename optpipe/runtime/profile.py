@@ -348,10 +348,11 @@ def profile_gpt(config: Any, stages: int, microbatches: int, *, micro_batch_size
                 placement: Sequence[int] | None = None) -> Problem:
     """Profile the reference GPT; with ``processes > 1``, under load.
 
-    ``processes`` copies of the profile run at the same time, each in its own process,
-    and each stage's times are the median over them: on a machine whose pipeline ranks
-    share CPU cores (gloo on a small CPU box), that is how fast a stage runs while the
-    other ranks compute too. On GPUs (one per rank) use 1.
+    ``processes`` > 1 runs the profiling schedule as one pipeline of that many gloo
+    ranks, one per device (so it must equal the device count), and every rank reports
+    the same record: each stage is timed while the other ranks compute too, which is
+    how fast it runs on a machine whose pipeline ranks share CPU cores. On GPUs (one
+    per rank) use 1.
 
     ``placement``: profile per chunk for a chunked schedule with that placement
     (``stages`` is then ``len(placement)``; see :func:`profile_model`). With
@@ -364,6 +365,11 @@ def profile_gpt(config: Any, stages: int, microbatches: int, *, micro_batch_size
         if stages != len(placement):
             raise OptPipeError(f"placement {placement} has {len(placement)} stages but "
                                f"the profile is asked for {stages}")
+    devices = len(set(placement)) if placement is not None else stages
+    if processes > 1 and processes != devices:
+        raise OptPipeError(f"profiling under load runs one rank per device: "
+                           f"{processes} processes for {devices} devices; use "
+                           f"{devices} (or 1 for a plain profile)")
     spec = {"config": asdict(config), "stages": stages, "microbatches": microbatches,
             "micro_batch_size": micro_batch_size, "dtype": dtype, "device": device,
             "optimizer": optimizer, "partition": partition, "repeats": repeats,
