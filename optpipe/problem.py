@@ -163,14 +163,9 @@ class Problem:
         """
         if self.chunks != 1:
             raise OptPipeError("only a base problem (one stage per device) can be split")
-        placement = list(placement)
-        if len(placement) % self.devices or sorted(set(placement)) != list(range(self.devices)):
-            raise OptPipeError(f"placement {placement} does not use each of the "
-                               f"{self.devices} devices equally")
+        from optpipe.schedule import check_placement
+        placement = check_placement(placement, self.devices)
         chunks = len(placement) // self.devices
-        if any(placement.count(d) != chunks for d in range(self.devices)):
-            raise OptPipeError(f"placement {placement} does not put the same number of "
-                               f"stages on every device")
         if chunks == 1 and placement == list(range(self.devices)):
             return self
         # chunk j of a device gets an equal share, the first (bytes mod v) chunks one byte

@@ -290,6 +290,20 @@ def load_schedule(path: str | Path) -> Schedule:
     return schedule_from_dict(data, origin=f"schedule file {str(path)!r}")
 
 
+def check_placement(placement: Iterable[int], devices: int | None = None) -> list[int]:
+    """``placement`` (the device of each model stage) as a list, if it puts the same
+    number of stages on each of the devices 0..D-1 (``devices``, else inferred)."""
+    placement = [int(d) for d in placement]
+    if devices is None:
+        devices = max(placement) + 1 if placement else 0
+    if (not placement or len(placement) % devices
+            or sorted(set(placement)) != list(range(devices))
+            or any(placement.count(d) != len(placement) // devices for d in range(devices))):
+        raise OptPipeError(f"placement {placement} must use the devices 0..{devices - 1} "
+                           f"equally: the same number of stages on each")
+    return placement
+
+
 def linear_placement(devices: int) -> list[int]:
     """One stage per device."""
     return list(range(devices))

@@ -458,12 +458,8 @@ def build_tight_model(problem: Problem, ticks: Ticks, horizon: int, lower: int,
             oe = b.int_var(0, H, f"oe{s}_{mb}", (h_os + b.hint[osz]) if hint else None)
             m_.add(oe == os_ + osz)
             off_iv = m_.new_optional_interval_var(os_, osz, oe, o, f"OFF{s}_{mb}")
-            z = b.int_var(0, H, f"z{s}_{mb}", (b.hint[oe] if h_on else 0) if hint else None)
-            m_.add(z == oe).only_enforce_if(o)
-            m_.add(z == 0).only_enforce_if(~o)
-            cf_next = b.int_var(0, H, f"cf{s}_{mb + 1}",
-                                max(b.hint[cf], b.hint[z]) if hint else None)
-            m_.add_max_equality(cf_next, [cf, z])
+            cf_next = _running_max(b, cf, oe, o, H, f"cf{s}_{mb + 1}",
+                                   (b.hint[oe] if h_on else 0) if hint else None)
             # reload issue: the end of one compute action listed before B_m, at/after F_m
             cands: list[Key] = [(Op.F, s, k) for k in range(mb, M)]
             cands += [(bwd, s, k) for k in range(mb)]
@@ -483,12 +479,8 @@ def build_tight_model(problem: Problem, ticks: Ticks, horizon: int, lower: int,
             m_.add(iss >= end(f)).only_enforce_if(o)
             m_.add(iss <= start[(bwd, s, mb)]).only_enforce_if(o)
             m_.add(iss >= li).only_enforce_if(o)
-            zi = b.int_var(0, H, f"zi{s}_{mb}", h_iss if h_on else (0 if hint else None))
-            m_.add(zi == iss).only_enforce_if(o)
-            m_.add(zi == 0).only_enforce_if(~o)
-            li_next = b.int_var(0, H, f"li{s}_{mb + 1}",
-                                max(b.hint[li], b.hint[zi]) if hint else None)
-            m_.add_max_equality(li_next, [li, zi])
+            li_next = _running_max(b, li, iss, o, H, f"li{s}_{mb + 1}",
+                                   h_iss if h_on else (0 if hint else None))
             # reload: starts at max(issue, offload end, channel free)
             h_rs = max(b.hint[iss], b.hint[oe], b.hint[rcf]) if hint else None
             rs = b.int_var(0, H, f"rs{s}_{mb}", h_rs)
@@ -500,13 +492,9 @@ def build_tight_model(problem: Problem, ticks: Ticks, horizon: int, lower: int,
             re_ = b.int_var(0, H, f"re{s}_{mb}", (h_rs + b.hint[rsz]) if hint else None)
             m_.add(re_ == rs + rsz)
             rl_iv = m_.new_optional_interval_var(rs, rsz, re_, o, f"RLD{s}_{mb}")
-            zr = b.int_var(0, H, f"zr{s}_{mb}", (b.hint[re_] if h_on else 0) if hint else None)
-            m_.add(zr == re_).only_enforce_if(o)
-            m_.add(zr == 0).only_enforce_if(~o)
-            rcf_next = b.int_var(0, H, f"rcf{s}_{mb + 1}",
-                                 max(b.hint[rcf], b.hint[zr]) if hint else None)
-            m_.add_max_equality(rcf_next, [rcf, zr])
-            reload_end0[(s, mb)] = zr
+            rcf_next, reload_end0[(s, mb)] = _running_max(
+                b, rcf, re_, o, H, f"rcf{s}_{mb + 1}",
+                (b.hint[re_] if h_on else 0) if hint else None, gated_too=True)
             transfer_vars[(s, mb)] = {"oe": oe, "iss": iss, "lits": lits, "o": o,
                                       "off": off_iv, "rld": rl_iv}
             cf, rcf, li = cf_next, rcf_next, li_next
@@ -606,6 +594,23 @@ def build_tight_model(problem: Problem, ticks: Ticks, horizon: int, lower: int,
     m_.minimize(makespan)
     out.size = {"arcs": arcs_total, "delta_ticks": ticks.delta}
     return b, out
+
+
+def _running_max(b: _Builder, prev: Any, value: Any, present: Any, horizon: int, name: str,
+                 gated_hint: int | None, gated_too: bool = False) -> Any:
+    """``max(prev, value if present else 0)``: a channel's free time (or the latest reload
+    issue) after one more microbatch, whose transfer exists only if it is offloaded.
+
+    Returns the new running max, and with ``gated_too`` also the gated value itself
+    (the reload's end, or 0). ``gated_hint`` is the gated value's hint (None: no hint).
+    """
+    gated = b.int_var(0, horizon, "g_" + name, gated_hint)
+    b.model.add(gated == value).only_enforce_if(present)
+    b.model.add(gated == 0).only_enforce_if(~present)
+    nxt = b.int_var(0, horizon, name,
+                    None if gated_hint is None else max(b.hint[prev], gated_hint))
+    b.model.add_max_equality(nxt, [prev, gated])
+    return (nxt, gated) if gated_too else nxt
 
 
 def _arc_allowed(i: Key, j: Key, split: bool) -> bool:

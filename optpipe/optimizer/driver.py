@@ -392,9 +392,7 @@ def _placement_proofs(problem: Problem, spaces: list[_Space], runs: list[EngineR
     faster = _fused_faster(problem)
     for sp in spaces:
         label = "linear+offload" if sp.label == "linear" and use_offload else sp.label
-        best = min([r.objective for r in runs if r.objective is not None
-                    and r.status != ERROR and r.extra.get("space", "linear")
-                    in (sp.label, label)]
+        best = min([_makespan_of(runs, sp.label), _makespan_of(runs, label)]
                    + [c.makespan for c in fixed.candidates if c.fits
                       and list(c.schedule.placement) == sp.placement
                       and (use_offload or not c.schedule.offloads)

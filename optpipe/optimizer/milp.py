@@ -52,7 +52,7 @@ from typing import Any, Callable, Optional
 from optpipe.errors import InfeasibleError, OptPipeError
 from optpipe.optimizer import milp_prep
 from optpipe.optimizer.milp_prep import Windows
-from optpipe.optimizer.preprocess import (Key, TaskGraph, canonical_form,
+from optpipe.optimizer.preprocess import (Candidate, Key, TaskGraph, canonical_form,
                                           sequential_schedule, task_graph,
                                           warm_start as shared_warm_start)
 from optpipe.optimizer.result import FEASIBLE, OPTIMAL, EngineResult, relative_gap
@@ -225,20 +225,9 @@ def _not_worse_than_given(problem: Problem, given: Schedule | None, sched: Sched
 
 
 # ================================================================ warm starts
-@dataclass
-class _Candidate:
-    name: str
-    schedule: Schedule
-    result: SimResult
-
-    @property
-    def makespan(self) -> float:
-        return self.result.makespan
-
-
 def _candidates(problem: Problem, graph: TaskGraph, given: Schedule | None,
                 split_backward: bool, offload: bool,
-                own_heuristics: bool = True) -> list[_Candidate]:
+                own_heuristics: bool = True) -> list[Candidate]:
     """Every fitting FIFO schedule we can start from, best first.
 
     Why several sources: the caller's warm start may be missing, fused or non-FIFO; the
@@ -260,7 +249,7 @@ def _candidates(problem: Problem, graph: TaskGraph, given: Schedule | None,
             raw.append((sch.name, sch))
     else:
         raw.append(("sequential", sequential_schedule(problem, split_backward)))
-    out: list[_Candidate] = []
+    out: list[Candidate] = []
     for name, sch in raw:
         if sch.offloads and not offload:
             continue
@@ -274,7 +263,7 @@ def _candidates(problem: Problem, graph: TaskGraph, given: Schedule | None,
         except OptPipeError:
             continue
         if res.fits:
-            out.append(_Candidate(name, canon, res))
+            out.append(Candidate(name, canon, res))
     out.sort(key=lambda c: c.makespan)
     return out
 

@@ -46,7 +46,7 @@ from torch import nn
 
 from optpipe.errors import OptPipeError
 from optpipe.problem import Problem
-from optpipe.schedule import Action, Op, Schedule
+from optpipe.schedule import Action, Op, Schedule, check_placement
 
 OPTIMIZER_STATES = {"adam": 2, "adamw": 2, "sgd": 0, "momentum": 1, "none": 0}
 
@@ -104,18 +104,6 @@ def static_bytes(modules: Sequence[nn.Module], optimizer: str) -> int:
     params = {id(p): p for m in modules for p in m.parameters()}
     size = sum(p.numel() * p.element_size() for p in params.values())
     return size * (2 + OPTIMIZER_STATES[optimizer])
-
-
-def check_placement(placement: Sequence[int]) -> list[int]:
-    """A schedule placement (device of each model stage) that uses every device equally."""
-    placement = [int(d) for d in placement]
-    devices = max(placement) + 1 if placement else 0
-    if (not placement or sorted(set(placement)) != list(range(devices))
-            or any(placement.count(d) != len(placement) // devices for d in range(devices))
-            or len(placement) % devices):
-        raise OptPipeError(f"placement {placement} must put the same number of stages on "
-                           f"each of the devices 0..D-1")
-    return placement
 
 
 def chunked_problem(problem: Problem, placement: Sequence[int],
