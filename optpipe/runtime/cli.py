@@ -263,7 +263,11 @@ def _run(args: argparse.Namespace) -> int:
     if args.gantt:
         from optpipe.viz.gantt import plot_gantt
 
-        result = run.records[-1].to_sim_result(schedule, problem)
+        from dataclasses import replace
+
+        # the run's static bytes include the optimizer state, as the table's peaks do
+        record = replace(run.records[-1], static=list(run.static))
+        result = record.to_sim_result(schedule, problem)
         plot_gantt(result, args.gantt, title=f"{schedule.name}: measured step "
                                              f"({run.backend}, {run.processes} processes)")
     if args.json:
