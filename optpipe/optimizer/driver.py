@@ -47,6 +47,10 @@ FIRST_SPACE_SHARE = 0.7
 #: share and the full model only (no window search): a proof attempt. It usually closes
 #: in seconds at budgets >= S, and what it leaves flows on to the other placements.
 LINEAR_PROOF_SHARE = 0.4
+#: Share of the time limit for periodic blocks (:mod:`.periodic`), over all placements.
+PERIODIC_SHARE = 0.08
+#: ... and at most this many seconds per placement.
+PERIODIC_MAX_SECONDS = 3.0
 DEFAULT_LEVELS = (1.0,)
 FALLBACK = "fallback"
 CACHED = "cached"
@@ -121,12 +125,7 @@ def solve(problem: Problem, *, solver: str = "auto", offload: bool | None = None
     fixed = fixed_schedules(problem)
     use_offload = _resolve_offload(problem, offload, fixed, _best(
         [c for c in fixed.candidates if not c.schedule.offloads]))
-    # the bar to beat: fixed schedules the caller allows (no offloading ones if
-    # offload is off; fused-backward ones only when B and W may not be split)
-    allowed = [c for c in fixed.candidates
-               if (use_offload or not c.schedule.offloads)
-               and (split_backward or not c.schedule.splits_backward)]
-    best_fixed = _best(allowed)
+    best_fixed = _bar(fixed, use_offload, split_backward)
     key = cache_mod.cache_key(problem, solver=solver, split_backward=split_backward,
                               offload=use_offload, levels=levels)
     if cache:
@@ -140,6 +139,8 @@ def solve(problem: Problem, *, solver: str = "auto", offload: bool | None = None
                                engine=str(prov.get("solver", "cache")),
                                message=f"from {hit.path}", fixed=fixed.candidates)
 
+    _add_periodic(problem, fixed, split_backward, time_limit * PERIODIC_SHARE, threads)
+    best_fixed = _bar(fixed, use_offload, split_backward)
     reporter = _progress_sink(progress)
     runs: list[EngineResult] = []
     engine = "cpsat" if solver == "auto" else solver
@@ -204,6 +205,62 @@ def _check_engine_available(solver: str) -> None:
 def _best(candidates: Sequence[Candidate]) -> Candidate | None:
     fitting = [c for c in candidates if c.fits]
     return min(fitting, key=lambda c: c.makespan) if fitting else None
+
+
+def _bar(fixed: FixedSet, use_offload: bool, split_backward: bool) -> Candidate | None:
+    """The bar to beat: the best fixed schedule the caller allows (no offloading ones if
+    offload is off; fused-backward ones only when B and W may not be split)."""
+    return _best([c for c in fixed.candidates
+                  if (use_offload or not c.schedule.offloads)
+                  and (split_backward or not c.schedule.splits_backward)])
+
+
+def _add_periodic(problem: Problem, fixed: FixedSet, split_backward: bool, seconds: float,
+                  threads: int) -> None:
+    """Add periodic schedules (:mod:`.periodic`) on every placement to ``fixed``.
+
+    Why: when memory binds they are often far better than any fixed schedule (a V-shaped
+    block at half of 1F1B's memory), and the engines start from the best schedule on
+    each placement, so a better start is a better answer in the same time. Skipped when
+    memory does not bind (the fastest fixed schedule fits) — then the fixed ones are
+    already the better starts.
+    """
+    from optpipe.optimizer.periodic import periodic_schedules
+    from optpipe.schedule import interleaved_placement, v_placement
+
+    unfit = [c for c in fixed.candidates if not c.fits and not c.schedule.offloads]
+    fit = [c for c in fixed.candidates if c.fits]
+    if not unfit or (fit and min(c.makespan for c in fit) <=
+                     min(c.makespan for c in unfit) * (1 + 1e-9)):
+        return
+    D = problem.devices
+    shapes = [("linear", linear_placement(D))]
+    if D >= 2:
+        shapes += [("v", v_placement(D)), ("interleaved", interleaved_placement(D, 2))]
+    # fused backwards too when they are faster: the engines search those spaces as well
+    modes = [(split_backward, "")] + ([(False, "-fused")] if split_backward
+                                      and _fused_faster(problem) else [])
+    runs = [(label + suffix, place, split) for split, suffix in modes
+            for label, place in shapes]
+    t0 = time.monotonic()
+    for i, (label, place, split) in enumerate(runs):
+        left = seconds - (time.monotonic() - t0)
+        if left <= 0.1:
+            break
+        try:
+            found = periodic_schedules(problem, place, split,
+                                       time_limit=min(PERIODIC_MAX_SECONDS,
+                                                      left / (len(runs) - i)),
+                                       threads=threads, label=f"periodic-{label}")
+        except OptPipeError as exc:
+            fixed.skipped[f"periodic-{label}"] = str(exc)
+            continue
+        for schedule in found:
+            result = simulate(problem, schedule)
+            if result.fits:     # guaranteed by construction; the simulator has the word
+                fixed.candidates.append(Candidate(schedule.name, schedule, result))
+            else:  # pragma: no cover - a bug in the block's memory bound
+                fixed.skipped[schedule.name] = "over budget in the simulator"
 
 
 def _resolve_offload(problem: Problem, offload: bool | None, fixed: FixedSet,
