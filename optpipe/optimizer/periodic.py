@@ -45,8 +45,8 @@ from optpipe.schedule import Op, Schedule, from_orders, linear_placement
 MAX_PERIOD_FACTOR = 8.0
 #: Period step: the busiest device's work per microbatch over this.
 PERIODS_PER_WORK = 100
-#: Periods below the greedy's least one that CP-SAT tries (multiples of the work).
-TIGHT_FACTORS = (1.0, 1.02, 1.05, 1.1, 1.15, 1.2, 1.3, 1.4)
+#: Bisection steps of CP-SAT below the greedy's least period.
+BISECTIONS = 5
 #: Blocks CP-SAT shortens (the best by unrolled length).
 REFINED = 3
 #: Tick resolution when lengths have no round unit (ticks per shortest task).
@@ -264,8 +264,9 @@ def periodic_schedules(problem: Problem, placement: Sequence[int] | None = None,
 
     Every period from the busiest device's work per microbatch up to
     :data:`MAX_PERIOD_FACTOR` times it is tried with :func:`greedy_block`; the blocks
-    that fit are ranked by their unrolled length ``(M - 1) P + span``, and CP-SAT
-    shortens the best :data:`REFINED` of them (:func:`solve_block`, hinted with the
+    that fit are ranked by their unrolled length ``(M - 1) P + span``; CP-SAT looks for
+    shorter periods than the greedy's least by bisection, and shortens the best
+    :data:`REFINED` of them (:func:`solve_block`, hinted with the
     greedy block) in the time left. Returns [] when no period fits (the budget may
     only allow a non-periodic schedule).
     """
@@ -289,20 +290,21 @@ def periodic_schedules(problem: Problem, placement: Sequence[int] | None = None,
             blocks.append(block)
         if time.monotonic() - t0 > time_limit / 2:
             break
-    # periods below the greedy's least one: tight tilings the greedy cannot find
-    least = min((b.period for b in blocks), default=int(base * MAX_PERIOD_FACTOR) + 1)
-    tighter = sorted({int(math.ceil(base * f)) for f in TIGHT_FACTORS} - {least},
-                     reverse=True)
-    tighter = [q for q in tighter if q < least]
-    for i, period in enumerate(tighter):
+    # periods below the greedy's least one: tight tilings the greedy cannot find, by
+    # bisection between the work (maybe feasible) and that period (feasible)
+    lo = base - 1
+    hi = min((b.period for b in blocks), default=int(base * MAX_PERIOD_FACTOR) + 1)
+    for _ in range(BISECTIONS):
         left = time_limit / 2 - (time.monotonic() - t0)
-        if left <= 0.05:
+        if left <= 0.05 or hi - lo <= max(1, base // PERIODS_PER_WORK):
             break
-        block = solve_block(graph, period, time_limit=left / (len(tighter) - i),
-                            threads=threads)
+        period = (lo + hi) // 2
+        block = solve_block(graph, period, time_limit=left / 2, threads=threads)
         if block is None:
-            break          # a shorter period is even less likely to fit
-        blocks.append(block)
+            lo = period           # none found (or none exists): look higher
+        else:
+            hi = period
+            blocks.append(block)
     M = problem.microbatches
     blocks.sort(key=lambda b: (M - 1) * b.period + b.span)
     chosen = blocks[:REFINED]
