@@ -115,6 +115,28 @@ def test_cache_hit_is_revalidated(private_cache) -> None:
     assert forced.status != CACHED
 
 
+def test_cache_resolves_unproven_entries_of_an_older_search(private_cache) -> None:
+    """A time-limited answer from an older search may be beaten now: solved again. A
+    proven optimum stays valid whatever the search."""
+    from dataclasses import replace
+
+    from optpipe.optimizer import cache as cache_mod
+    from optpipe.optimizer.preprocess import sequential_schedule
+
+    problem = uniform_problem(3, 4, p2p=0.1).activation_budget(2)
+    base = sequential_schedule(problem)
+    key = "k"
+    cases = [({"status": "feasible", "search_revision": 1}, False),
+             ({"status": "feasible"}, False),                         # before revisions
+             ({"status": "feasible", "search_revision": cache_mod.SEARCH_REVISION}, True),
+             ({"status": "optimal", "gap": 0.0}, True)]
+    for extra, accepted in cases:
+        prov = {"problem_hash": problem.hash(), "time_limit": 100.0, **extra}
+        cache_mod.store(replace(base, provenance=prov), key, private_cache)
+        hit = cache_mod.lookup(problem, key, time_limit=60, gap=0.0)
+        assert (hit is not None) == accepted, extra
+
+
 def test_progress_callback_runs() -> None:
     calls = []
     problem = uniform_problem(3, 4).activation_budget(2)

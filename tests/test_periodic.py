@@ -11,7 +11,7 @@ import pytest
 
 from optpipe.generators import generate
 from optpipe.optimizer.periodic import (_disjoint, greedy_block, periodic_schedules,
-                                        solve_block)
+                                        solve_block, steady_peak)
 from optpipe.optimizer.preprocess import task_graph
 from optpipe.problem import uniform_problem
 from optpipe.schedule import Op, interleaved_placement, linear_placement, v_placement
@@ -42,6 +42,28 @@ def test_arcs_on_a_circle() -> None:
     assert not _disjoint(0, 3, 2, 1, 6)        # inside
     assert not _disjoint(5, 2, 0, 1, 6)        # wraps onto the start
     assert _disjoint(5, 1, 0, 5, 6)            # exactly fills the circle
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_steady_peak_matches_unrolled_spans(seed: int) -> None:
+    """The closed form equals the peak of the spans repeated over many periods."""
+    rng = random.Random(seed)
+    period = rng.randint(3, 40)
+    spans = []
+    for _ in range(rng.randint(1, 5)):
+        a = rng.randint(0, 3 * period)
+        spans.append((a, a + rng.randint(0, 4 * period), rng.choice([0.5, 1.0, 2.0])))
+    events = []
+    for a, b, amount in spans:
+        for j in range(-30, 30):
+            if b > a:
+                events += [(a + j * period, 1, amount), (b + j * period, 0, -amount)]
+    level, peak = 0.0, 0.0
+    for t, _, change in sorted(events):       # releases first at equal times
+        level += change
+        if 0 <= t < 10 * period:
+            peak = max(peak, level)
+    assert steady_peak(spans, period) == pytest.approx(peak)
 
 
 @pytest.mark.parametrize("label", sorted(PLACEMENTS))

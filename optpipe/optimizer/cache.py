@@ -25,6 +25,10 @@ from optpipe.schedule import Schedule, load_schedule
 from optpipe.simulator import SimResult, simulate
 
 _PACKAGE = Path(__file__).resolve().parent.parent
+#: Bumped when the search changes what a time-limited solve finds (2: periodic blocks
+#: as warm starts). A cached schedule from an older search that was not proven optimal
+#: is solved again: the same problem and time limit may now give a faster one.
+SEARCH_REVISION = 2
 
 
 def cache_dir() -> Path:
@@ -58,7 +62,7 @@ def lookup(problem: Problem, key: str, *, time_limit: float, gap: float,
     """A cached schedule for ``key`` that still checks out, or None.
 
     Accepted when it was proven optimal within ``gap``, or solved with at least
-    ``time_limit`` seconds (a longer search than the one asked for); and in every case
+    ``time_limit`` seconds by the current search (:data:`SEARCH_REVISION`); and in every case
     when it validates, matches the problem's hash, and simulates within budget.
     """
     dirs = ([cache_dir()] if use_user_cache else []) + library_dirs()
@@ -72,7 +76,8 @@ def lookup(problem: Problem, key: str, *, time_limit: float, gap: float,
             if prov.get("problem_hash") != problem.hash():
                 continue
             proven = prov.get("status") == "optimal" and float(prov.get("gap") or 0.0) <= gap
-            longer = float(prov.get("time_limit") or 0.0) >= time_limit
+            longer = float(prov.get("time_limit") or 0.0) >= time_limit and \
+                int(prov.get("search_revision") or 1) >= SEARCH_REVISION
             if not (proven or longer):
                 continue
             schedule.check_fits(problem.stages, problem.devices, problem.microbatches)

@@ -54,6 +54,9 @@ OVERRUN_PER_CHUNK_CELL = 0.005
 PERIODIC_SHARE = 0.08
 #: ... and at most this many seconds per placement.
 PERIODIC_MAX_SECONDS = 3.0
+#: Periodic blocks are computed only when the budget costs the fixed schedules more
+#: than this share of makespan (see :func:`_add_periodic`).
+PERIODIC_MIN_LOSS = 0.05
 DEFAULT_LEVELS = (1.0,)
 FALLBACK = "fallback"
 CACHED = "cached"
@@ -224,9 +227,11 @@ def _add_periodic(problem: Problem, fixed: FixedSet, split_backward: bool, secon
 
     Why: when memory binds they are often far better than any fixed schedule (a V-shaped
     block at half of 1F1B's memory), and the engines start from the best schedule on
-    each placement, so a better start is a better answer in the same time. Skipped when
-    memory does not bind (the fastest fixed schedule fits) — then the fixed ones are
-    already the better starts.
+    each placement, so a better start is a better answer in the same time. Skipped
+    unless memory binds hard — the best fitting fixed schedule is more than
+    :data:`PERIODIC_MIN_LOSS` slower than the fastest one that does not fit: measured at
+    budget S (1F1B's memory) the blocks never beat the fixed schedules, and their time
+    is better spent searching.
     """
     from optpipe.optimizer.periodic import periodic_schedules
     from optpipe.schedule import interleaved_placement, v_placement
@@ -234,7 +239,7 @@ def _add_periodic(problem: Problem, fixed: FixedSet, split_backward: bool, secon
     unfit = [c for c in fixed.candidates if not c.fits and not c.schedule.offloads]
     fit = [c for c in fixed.candidates if c.fits]
     if not unfit or (fit and min(c.makespan for c in fit) <=
-                     min(c.makespan for c in unfit) * (1 + 1e-9)):
+                     min(c.makespan for c in unfit) * (1 + PERIODIC_MIN_LOSS)):
         return
     D = problem.devices
     shapes = [("linear", linear_placement(D))]
@@ -644,7 +649,7 @@ def _stamp(result: SolveResult, problem: Problem, **options: Any) -> None:
         time_limit=options["time_limit"], problem_hash=problem.hash(),
         makespan=result.sim.makespan, offload=options["offload"],
         split_backward=options["split_backward"], threads=options["threads"],
-        requested_gap=options["gap"])
+        requested_gap=options["gap"], search_revision=cache_mod.SEARCH_REVISION)
     if options["offload"]:
         prov["offload_levels"] = list(options["levels"])
     if result.message:
