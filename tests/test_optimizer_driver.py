@@ -177,3 +177,18 @@ def test_gurobi_size_limited_license_is_one_clear_error() -> None:
         assert "license" in str(exc) and ("highs" in str(exc) or "cpsat" in str(exc))
     else:  # a full license: then the answer must simply be valid
         assert result.sim.fits
+
+
+def test_periodic_blocks_start_the_search_when_memory_binds_hard() -> None:
+    """At half of 1F1B's memory the fixed schedules that fit idle badly: periodic blocks
+    join the candidates, and the answer is at least as fast as the best of them."""
+    problem = uniform_problem(4, 16, p2p=0.05, activation=1000).activation_budget(2)
+    result = solve(problem, time_limit=10, progress=False, offload=False, cache=False)
+    periodic = [c for c in result.fixed if c.name.startswith("periodic-")]
+    assert periodic and all(c.fits for c in periodic)
+    assert result.sim.fits
+    assert result.sim.makespan <= min(c.makespan for c in periodic) * (1 + 1e-9)
+    # at 1F1B's memory the fixed schedules are close to unconstrained: no blocks
+    loose = solve(problem.activation_budget(4), time_limit=5, progress=False,
+                  offload=False, cache=False)
+    assert not [c for c in loose.fixed if c.name.startswith("periodic-")]

@@ -145,7 +145,8 @@ def solve(problem: Problem, *, solver: str = "auto", offload: bool | None = None
                                engine=str(prov.get("solver", "cache")),
                                message=f"from {hit.path}", fixed=fixed.candidates)
 
-    _add_periodic(problem, fixed, split_backward, time_limit * PERIODIC_SHARE, threads)
+    _add_periodic(problem, fixed, split_backward, use_offload,
+                  time_limit * PERIODIC_SHARE, threads)
     best_fixed = _bar(fixed, use_offload, split_backward)
     reporter = _progress_sink(progress)
     runs: list[EngineResult] = []
@@ -221,8 +222,8 @@ def _bar(fixed: FixedSet, use_offload: bool, split_backward: bool) -> Candidate 
                   and (split_backward or not c.schedule.splits_backward)])
 
 
-def _add_periodic(problem: Problem, fixed: FixedSet, split_backward: bool, seconds: float,
-                  threads: int) -> None:
+def _add_periodic(problem: Problem, fixed: FixedSet, split_backward: bool,
+                  use_offload: bool, seconds: float, threads: int) -> None:
     """Add periodic schedules (:mod:`.periodic`) on every placement to ``fixed``.
 
     Why: when memory binds they are often far better than any fixed schedule (a V-shaped
@@ -237,8 +238,8 @@ def _add_periodic(problem: Problem, fixed: FixedSet, split_backward: bool, secon
     from optpipe.schedule import interleaved_placement, v_placement
 
     unfit = [c for c in fixed.candidates if not c.fits and not c.schedule.offloads]
-    fit = [c for c in fixed.candidates if c.fits]
-    if not unfit or (fit and min(c.makespan for c in fit) <=
+    bar = _bar(fixed, use_offload, split_backward)     # offloaders count only if allowed
+    if not unfit or (bar is not None and bar.makespan <=
                      min(c.makespan for c in unfit) * (1 + PERIODIC_MIN_LOSS)):
         return
     D = problem.devices
