@@ -49,7 +49,7 @@ FIRST_SPACE_SHARE = 0.7
 LINEAR_PROOF_SHARE = 0.4
 #: Expected first-run overrun of CP-SAT per stage x microbatch x chunk on a chunked
 #: placement (seconds; see :func:`_expected_overrun`).
-OVERRUN_PER_CHUNK_CELL = 0.005
+OVERRUN_PER_CHUNK_CELL = 0.008
 #: Share of the time limit for periodic blocks (:mod:`.periodic`), over all placements.
 PERIODIC_SHARE = 0.08
 #: ... and at most this many seconds per placement.
@@ -417,8 +417,8 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
                               decompose=False if proof_attempt else None)
             run.extra["space"] = space.label
             runs.append(run)
-            overrun = max(0.0, run.wall_time - max(0.5, limit))
-            space.overrun = max(space.overrun, overrun) if space.label in tried else overrun
+            # a run that ended early says nothing about the overrun: keep the estimate
+            space.overrun = max(expected, run.wall_time - max(0.5, limit))
             tried.add(space.label)
             if run.bound is not None and run.status != ERROR:
                 space.bound = max(space.bound, run.bound)
@@ -514,8 +514,10 @@ def _expected_overrun(problem: Problem, space: "_Space", engine: str) -> float:
 
     Measured on 2 cores: the window models of the V shape and interleaved placements
     (chained orders plus a cumulative) spend up to ~11 s in CP-SAT's initial
-    propagation at 16 x 32, which no time limit interrupts; one stage per device and
-    small problems stay within a second. Later runs use the overrun measured.
+    propagation at 16 x 32 (a V run went 6.5 s past a 9 s limit), which neither the
+    time limit nor ``stop_search`` interrupts; one stage per device and small problems
+    stay within a second. Later runs use the larger of this and the overrun measured
+    (a run that stopped early measures nothing).
     """
     chunks = len(space.placement) // problem.devices
     if engine != "cpsat" or chunks == 1:
