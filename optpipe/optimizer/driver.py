@@ -235,22 +235,15 @@ def _add_periodic(problem: Problem, fixed: FixedSet, split_backward: bool,
     is better spent searching.
     """
     from optpipe.optimizer.periodic import periodic_schedules
-    from optpipe.schedule import interleaved_placement, v_placement
 
     unfit = [c for c in fixed.candidates if not c.fits and not c.schedule.offloads]
     bar = _bar(fixed, use_offload, split_backward)     # offloaders count only if allowed
     if not unfit or (bar is not None and bar.makespan <=
                      min(c.makespan for c in unfit) * (1 + PERIODIC_MIN_LOSS)):
         return
-    D = problem.devices
-    shapes = [("linear", linear_placement(D))]
-    if D >= 2:
-        shapes += [("v", v_placement(D)), ("interleaved", interleaved_placement(D, 2))]
     # fused backwards too when they are faster: the engines search those spaces as well
-    modes = [(split_backward, "")] + ([(False, "-fused")] if split_backward
-                                      and _fused_faster(problem) else [])
-    runs = [(label + suffix, place, split) for split, suffix in modes
-            for label, place in shapes]
+    runs = [(label.replace("/", "-"), place, split)
+            for label, place, split in _shapes(problem, split_backward)]
     t0 = time.monotonic()
     for i, (label, place, split) in enumerate(runs):
         left = seconds - (time.monotonic() - t0)
@@ -321,7 +314,23 @@ class _Space:
     bound: float            # proven lower bound for schedules on this placement
     best_fixed: float       # best fitting fixed schedule on it (inf if none)
     split: bool = True      # backwards modelled as B and W (else fused BW)
-    overrun: float = 0.0    # seconds a run on it went past its time limit (worst seen)
+    overrun: float = 0.0    # seconds a run on it may go past its limit (expected or seen)
+
+
+def _shapes(problem: Problem, split_backward: bool) -> list[tuple[str, list[int], bool]]:
+    """Placements searched, as (label, stage -> device, split backward): one stage per
+    device, the V shape and interleaved 2 chunks; each again with fused backwards
+    (``.../fused``) when a measured fused backward is faster than B + W."""
+    from optpipe.schedule import interleaved_placement, v_placement
+
+    D = problem.devices
+    options = [("linear", linear_placement(D))]
+    if D >= 2:
+        options += [("v", v_placement(D)), ("interleaved", interleaved_placement(D, 2))]
+    modes = [(split_backward, "")] + ([(False, "/fused")] if split_backward
+                                      and _fused_faster(problem) else [])
+    return [(label + suffix, place, split) for split, suffix in modes
+            for label, place in options]
 
 
 def _spaces(problem: Problem, split_backward: bool, fixed: FixedSet,
@@ -338,24 +347,17 @@ def _spaces(problem: Problem, split_backward: bool, fixed: FixedSet,
     with fused backwards (label ``.../fused``): the split model cannot express the
     saving, and fused schedules (1F1B-like) may then be the fastest.
     """
-    from optpipe.schedule import interleaved_placement, v_placement
-
-    D = problem.devices
-    options = [("linear", linear_placement(D))]
-    if D >= 2:
-        options += [("v", v_placement(D)), ("interleaved", interleaved_placement(D, 2))]
     faster = _fused_faster(problem)
-    modes = [(split_backward, "")] + ([(False, "/fused")] if split_backward and faster else [])
     out = []
-    for split, suffix in modes:
-        for label, place in options:
-            on = [c.makespan for c in fixed.candidates if c.fits and not c.schedule.offloads
-                  and list(c.schedule.placement) == place
-                  and _in_space(c.schedule, split, faster)]
-            if label != "linear" and not on:
-                continue
-            lb = lower_bound(task_graph(problem, split, place))
-            out.append(_Space(label + suffix, place, lb, min(on, default=math.inf), split))
+    for label, place, split in _shapes(problem, split_backward):
+        on = [c.makespan for c in fixed.candidates if c.fits and not c.schedule.offloads
+              and list(c.schedule.placement) == place
+              and _in_space(c.schedule, split, faster)]
+        if place != linear_placement(problem.devices) and not on:
+            continue
+        lb = lower_bound(task_graph(problem, split, place))
+        out.append(_Space(label, place, lb, min(on, default=math.inf), split,
+                          overrun=_expected_overrun(problem, place, engine)))
     out.sort(key=lambda sp: (sp.best_fixed, sp.bound))
     return out
 
@@ -385,7 +387,6 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
     lb_linear = linear.bound
     best_on: dict[str, Schedule] = {}
     searchable = [sp for sp in spaces if engine == "cpsat" or sp.label == "linear"]
-    tried: set[str] = set()
     first = sorted(searchable, key=lambda sp: sp.label != "linear")   # stable
     for sweep in range(2):    # a second sweep gives time left over to open placements
         order = first if sweep == 0 else searchable
@@ -404,10 +405,8 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
             share = left * (LINEAR_PROOF_SHARE if proof_attempt else
                             FIRST_SPACE_SHARE if rest and not sweep else 1.0)
             # CP-SAT's initial propagation cannot be interrupted: plan with how far past
-            # its limit this placement's model ran before (or is expected to run)
-            expected = space.overrun if space.label in tried else \
-                _expected_overrun(problem, space, engine)
-            limit = share - expected
+            # its limit this placement's model is expected to run (or ran before)
+            limit = share - space.overrun
             if limit < max(2.0 if sweep else 0.5, _build_seconds(problem)) and runs:
                 continue                              # it could not finish in time
             hints = ([best_on[space.label]] if space.label in best_on else []) + \
@@ -418,8 +417,7 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
             run.extra["space"] = space.label
             runs.append(run)
             # a run that ended early says nothing about the overrun: keep the estimate
-            space.overrun = max(expected, run.wall_time - max(0.5, limit))
-            tried.add(space.label)
+            space.overrun = max(space.overrun, run.wall_time - max(0.5, limit))
             if run.bound is not None and run.status != ERROR:
                 space.bound = max(space.bound, run.bound)
             if run.objective is not None and run.schedule is not None:
@@ -509,7 +507,7 @@ def _build_seconds(problem: Problem) -> float:
     return 1.0 + 0.004 * problem.stages * problem.microbatches
 
 
-def _expected_overrun(problem: Problem, space: "_Space", engine: str) -> float:
+def _expected_overrun(problem: Problem, placement: list[int], engine: str) -> float:
     """Seconds a first CP-SAT run on a chunked placement may run past its limit.
 
     Measured on 2 cores: the window models of the V shape and interleaved placements
@@ -519,7 +517,7 @@ def _expected_overrun(problem: Problem, space: "_Space", engine: str) -> float:
     stay within a second. Later runs use the larger of this and the overrun measured
     (a run that stopped early measures nothing).
     """
-    chunks = len(space.placement) // problem.devices
+    chunks = len(placement) // problem.devices
     if engine != "cpsat" or chunks == 1:
         return 0.0
     return OVERRUN_PER_CHUNK_CELL * chunks * problem.stages * problem.microbatches

@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence
 
 from ortools.sat.python import cp_model
 
@@ -66,13 +66,12 @@ class Block:
     period: int
     offset: dict[tuple[Op, int], int]     # (op, stage) -> start within the block
     span: int                            # end of the block's last task
-    scale: float                         # ticks per second
 
 
 def _one_microbatch(graph: TaskGraph) -> tuple[list[tuple[Op, int]], dict, dict]:
-    """Tasks of microbatch 0, their durations and their (predecessor, lag) lists."""
+    """Tasks of microbatch 0, their durations (whole ticks) and (predecessor, lag) lists."""
     tasks = [(op, s) for (op, s, m) in graph.keys if m == 0]
-    duration = {(op, s): graph.duration[(op, s, 0)] for op, s in tasks}
+    duration = {(op, s): int(graph.duration[(op, s, 0)]) for op, s in tasks}
     deps = {(op, s): [((p[0], p[1]), lag) for p, lag in graph.deps[(op, s, 0)]]
             for op, s in tasks}
     return tasks, duration, deps
@@ -88,7 +87,6 @@ def greedy_block(graph: TaskGraph, period: int) -> Block | None:
     None when some task finds no slot or the block's lifespans exceed a budget.
     """
     tasks, dur, deps = _one_microbatch(graph)
-    dur = {k: int(v) for k, v in dur.items()}
     earliest = _earliest(tasks, dur, deps)
     taken: dict[int, list[tuple[int, int]]] = {}
     x: dict[tuple[Op, int], int] = {}
@@ -101,7 +99,7 @@ def greedy_block(graph: TaskGraph, period: int) -> Block | None:
         x[k] = start
         if dur[k]:
             arcs.append((start % period, dur[k]))
-    block = Block(period=period, offset=x, span=max(x[k] + dur[k] for k in tasks), scale=0.0)
+    block = Block(period=period, offset=x, span=max(x[k] + dur[k] for k in tasks))
     return block if _fits(graph, block) else None
 
 
@@ -175,11 +173,9 @@ def solve_block(graph: TaskGraph, period: int, *, time_limit: float = 1.0,
     """
     p = graph.problem
     tasks, dur, deps = _one_microbatch(graph)
-    dur = {k: int(v) for k, v in dur.items()}
-    device_of = (lambda s: graph.placement[s]) if graph.placement else (lambda s: s)
     by_device: dict[int, list[tuple[Op, int]]] = {}
     for k in tasks:
-        by_device.setdefault(device_of(k[1]), []).append(k)
+        by_device.setdefault(graph.device(k + (0,)), []).append(k)
     if any(sum(dur[k] for k in keys) > period for keys in by_device.values()):
         return hint
     earliest = _earliest(tasks, dur, deps)
@@ -250,12 +246,16 @@ def solve_block(graph: TaskGraph, period: int, *, time_limit: float = 1.0,
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return hint
     found = Block(period=period, offset={k: solver.value(x[k]) for k in tasks},
-                  span=solver.value(span), scale=0.0)
+                  span=solver.value(span))
     return hint if hint is not None and hint.span <= found.span else found
 
 
 def _earliest(tasks: list[tuple[Op, int]], dur: dict, deps: dict) -> dict:
-    """Earliest offset of every task of one microbatch (longest path from F of stage 0)."""
+    """Earliest offset of every task of one microbatch (longest path from F of stage 0).
+
+    :func:`~.preprocess.earliest_starts` gives the same for microbatch 0, but over all
+    ``M`` microbatches; this runs once per period tried, so it stays this small.
+    """
     out: dict[tuple[Op, int], int] = {}
 
     def visit(k: tuple[Op, int]) -> int:
@@ -267,7 +267,8 @@ def _earliest(tasks: list[tuple[Op, int]], dur: dict, deps: dict) -> dict:
     return out
 
 
-def unroll(problem: Problem, graph: TaskGraph, block: Block, name: str) -> Schedule:
+def unroll(problem: Problem, graph: TaskGraph, block: Block, name: str,
+           scale: float) -> Schedule:
     """Microbatch ``j`` at ``offset + j * period``; each device runs its tasks in time order."""
     rank = {k: i for i, k in enumerate(sorted(block.offset, key=lambda k: (
         block.offset[k], k[1] if k[0] is Op.F else -k[1], k[0] is not Op.F)))}
@@ -279,8 +280,8 @@ def unroll(problem: Problem, graph: TaskGraph, block: Block, name: str) -> Sched
     orders = [[(op.value, s, j) for _, _, (op, s, j) in sorted(seq)] for seq in timed]
     return from_orders(name, placement, problem.microbatches, orders,
                        provenance={"source": "optimizer", "name": name,
-                                   "period_seconds": block.period / block.scale,
-                                   "block_seconds": block.span / block.scale})
+                                   "period_seconds": block.period / scale,
+                                   "block_seconds": block.span / scale})
 
 
 def periodic_schedules(problem: Problem, placement: Sequence[int] | None = None,
@@ -340,15 +341,6 @@ def periodic_schedules(problem: Problem, placement: Sequence[int] | None = None,
             break
         chosen[i] = solve_block(graph, block.period, time_limit=left / (len(chosen) - i),
                                 threads=threads, hint=block) or block
-    out = []
-    for block in chosen:
-        block.scale = scale
-        out.append(unroll(problem, graph, block,
-                          f"{label}-p{block.period / scale:.4g}"))
-    return out
+    return [unroll(problem, graph, block, f"{label}-p{block.period / scale:.4g}", scale)
+            for block in chosen]
 
-
-def describe(schedule: Schedule) -> dict[str, Any]:
-    """Period and block length of a periodic schedule, for notes and tables."""
-    prov = schedule.provenance
-    return {"period": prov.get("period_seconds"), "block": prov.get("block_seconds")}
