@@ -10,7 +10,7 @@ import pytest
 
 from optpipe.errors import InfeasibleError, OptPipeError
 from optpipe.optimizer.driver import CACHED, solve
-from optpipe.optimizer.preprocess import fixed_schedules
+from optpipe.optimizer.preprocess import fixed_schedules, memory_bound, task_graph
 from optpipe.problem import uniform_problem
 from optpipe.simulator import simulate
 
@@ -188,6 +188,13 @@ def test_periodic_blocks_start_the_search_when_memory_binds_hard() -> None:
     assert periodic and all(c.fits for c in periodic)
     assert result.sim.fits
     assert result.sim.makespan <= min(c.makespan for c in periodic) * (1 + 1e-9)
+    # one stage per device cannot beat the V block, and its memory round-trip bound says
+    # so before any search; it is still given its proof attempt (reported per placement)
+    linear_bound = memory_bound(task_graph(problem))
+    assert linear_bound > result.sim.makespan
+    linear = next(p for p in result.placements if p["placement"] == "linear")
+    assert linear["bound"] >= linear_bound - 1e-9
+    assert [r for r in result.runs if r.extra.get("space") == "linear"]
     # at 1F1B's memory the fixed schedules are close to unconstrained: no blocks
     loose = solve(problem.activation_budget(4), time_limit=5, progress=False,
                   offload=False, cache=False)

@@ -7,8 +7,9 @@ import pytest
 from optpipe.errors import OptPipeError
 from optpipe.optimizer.preprocess import (canonical_form, capped_1f1b, choose_scale,
                                           earliest_starts, fixed_schedules, greedy_schedule,
-                                          latest_starts, lower_bound, memory_implied_orders,
-                                          min_budgets, sequential_schedule, task_graph)
+                                          latest_starts, lower_bound, memory_bound,
+                                          memory_implied_orders, min_budgets,
+                                          sequential_schedule, task_graph)
 from optpipe.problem import Problem, uniform_problem
 from optpipe.schedule import Op
 from optpipe.simulator import simulate
@@ -57,6 +58,59 @@ def test_memory_implied_orders_hold_in_fitting_schedules(problem: Problem) -> No
         sim = simulate(problem, canon)
         for pred, f in implied:
             assert sim.record(*pred).end <= sim.record(*f).start + 1e-9, (c.name, pred, f)
+
+
+@pytest.mark.parametrize("problem", PROBLEMS)
+@pytest.mark.parametrize("split", [True, False])
+def test_memory_bound_holds_for_every_fitting_schedule(problem: Problem, split: bool) -> None:
+    graph = task_graph(problem, split)
+    bound = memory_bound(graph)
+    assert bound >= lower_bound(graph) - 1e-9
+    for c in fixed_schedules(problem).candidates:
+        if c.fits and not c.schedule.offloads and \
+                c.schedule.placement == list(range(problem.devices)) and \
+                c.schedule.splits_backward == split:
+            assert c.makespan >= bound - 1e-9, c.name
+    for eager in (False, True):
+        assert simulate(problem, greedy_schedule(problem, split, eager_w=eager)).makespan \
+            >= bound - 1e-9
+
+
+def _random_problem(seed: int) -> Problem:
+    import random
+    rng = random.Random(seed)
+    S, M = rng.choice([2, 3, 4]), rng.choice([3, 4, 5, 6])
+    act = [rng.choice([4, 6, 8]) for _ in range(S)]
+    freed_b = [a // 2 if rng.random() < 0.7 else a // 4 for a in act]
+    p = Problem(stages=S, microbatches=M,
+                forward=tuple(rng.choice([1.0, 1.5, 2.0]) for _ in range(S)),
+                backward_input=tuple(rng.choice([1.0, 1.5, 2.0]) for _ in range(S)),
+                backward_weight=tuple(rng.choice([0.5, 1.0]) for _ in range(S)),
+                activation=tuple(act), freed_by_b=tuple(freed_b),
+                freed_by_w=tuple(a - b for a, b in zip(act, freed_b)), static=(0,) * S,
+                budget=(float("inf"),) * S, p2p=rng.choice([0.0, 0.25]))
+    return p.activation_budget(rng.choice([1, 1.5, 2, 3]))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_memory_bound_never_exceeds_a_proven_optimum(seed: int) -> None:
+    """The bound against CP-SAT's proven optimum (one stage per device, no offload)."""
+    from optpipe.optimizer.cpsat import solve_cpsat
+    problem = _random_problem(seed)
+    for split in (True, False):
+        result = solve_cpsat(problem, time_limit=20, split_backward=split, decompose=False)
+        assert result.status == "optimal"
+        assert memory_bound(task_graph(problem, split)) <= result.objective + 1e-6
+
+
+def test_memory_bound_sees_the_round_trip_at_half_memory() -> None:
+    """Uniform 4 x 16 at two activations per device: the bound rises from the no-memory
+    51.15 s towards the proven optimum 82.8 s (docs/optimizer.md)."""
+    p = uniform_problem(4, 16, forward=1.0, backward_input=1.0, backward_weight=1.0,
+                        p2p=0.05, activation=2, freed_by_b=1).activation_budget(2)
+    graph = task_graph(p)
+    assert lower_bound(graph) == pytest.approx(51.15)
+    assert memory_bound(graph) == pytest.approx(75.4)
 
 
 @pytest.mark.parametrize("problem", PROBLEMS)

@@ -40,10 +40,9 @@ from ortools.sat.python import cp_model
 from optpipe.memory.accounting import transfer_bytes
 from optpipe.optimizer.extract import orders_from_starts, reload_positions
 from optpipe.optimizer.preprocess import (Key, TaskGraph, asap_ticks, canonical_form,
-                                          graph_placement,
-                                          choose_scale, earliest_starts,
-                                          latest_starts, lower_bound, memory_implied_orders,
-                                          task_graph)
+                                          choose_scale, earliest_starts, graph_placement,
+                                          latest_starts, lower_bound, memory_bound,
+                                          memory_implied_orders, task_graph)
 from optpipe.optimizer.result import (ERROR, FEASIBLE, INFEASIBLE, OPTIMAL, UNKNOWN,
                                       EngineResult, ProgressFn, relative_gap)
 from optpipe.problem import Problem
@@ -723,7 +722,9 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
     starts = ([warm_start] if isinstance(warm_start, Schedule) else list(warm_start or []))
     hint = _pick_hint(problem, ticks, offload, levels, starts)
     horizon = hint.makespan
-    lower = int(math.ceil(lower_bound(ticks.graph) - 1e-9))
+    # without offload the memory round trip bounds one stage per device too
+    lower = int(math.ceil((lower_bound(ticks.graph) if offload else
+                           memory_bound(ticks.graph)) - 1e-9))
     lower = min(lower, horizon)
     if offload:
         builder, handles = build_tight_model(problem, ticks, horizon, lower, hint, levels)

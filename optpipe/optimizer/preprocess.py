@@ -279,6 +279,100 @@ def lower_bound(graph: TaskGraph) -> float:
     return best
 
 
+def _release_options(problem: Problem, s: int, i: int, split_backward: bool
+                     ) -> list[tuple[int, int]] | None:
+    """The least ``(n_B, n_W)`` (or ``(n_BW, 0)``) that let ``F(s, i)`` fit, or None.
+
+    None means the budget does not bind at that forward. Each pair is minimal: ``n_B``
+    from the fewest that could work up to ``i``, with the fewest ``n_W <= n_B`` that
+    then fit (the same row as :func:`memory_implied_orders`).
+    """
+    a, fb, fw = problem.activation[s], problem.freed_by_b[s], problem.freed_by_w[s]
+    room = problem.budget[s] - problem.static[s]
+    if a == 0 or not math.isfinite(room):
+        return None
+    need = (i + 1) * a - int(math.floor(room))
+    if need <= 0:
+        return None
+    if not split_backward:
+        return [(-(-need // a), 0)]
+    out = []
+    for n_b in range(i + 1):
+        if fw == 0:
+            if fb * n_b >= need:
+                out.append((n_b, 0))
+                break
+            continue
+        n_w = max(0, -(-(need - fb * n_b) // fw))
+        if n_w <= n_b:
+            out.append((n_b, n_w))
+    return out
+
+
+def memory_bound(graph: TaskGraph) -> float:
+    """A makespan bound that counts the memory round trip (one stage per device, no offload).
+
+    Why: at a tight budget the pace is set by a cycle the other bounds miss — forward
+    ``i`` of a stage cannot start until enough earlier microbatches have come back
+    through every later stage and released memory here. The release counts that let
+    ``F(s, i)`` fit form a small set of options (:func:`_release_options`); for each the
+    forward waits for the last B (and W) needed *and* for the device to have run all
+    earlier forwards plus those backwards, and it can do no better than the cheapest
+    option. Earliest starts are propagated microbatch by microbatch through the task
+    graph with that rule added (every task a forward waits on belongs to an earlier
+    microbatch), and the bound is the latest ``start + duration + tail``, also taking
+    per stage the cheapest option's remaining backward work after its last forward.
+
+    Valid for the schedules the engines search (FIFO per op type, as
+    :func:`memory_implied_orders`); not with offload, which frees memory without
+    backward work. Measured on the benchmark's uniform problems at S/2: 4 x 64 gives
+    298.6 s where the no-memory bound is 195.2 s and the proven-free search reached
+    277.3 s in 24 s (``docs/optimizer.md``).
+    """
+    base = lower_bound(graph)
+    if graph.placement:
+        return base
+    p = graph.problem
+    dur = graph.duration
+    bwd = Op.B if graph.split_backward else Op.BW
+    pos = {k: n for n, k in enumerate(graph.topological())}
+    order = sorted(graph.keys, key=lambda k: (k[2], pos[k]))
+    chain_pred: dict[Key, Key] = {}
+    for chain in graph.chains:
+        for a, b in zip(chain, chain[1:]):
+            chain_pred[b] = a
+    es: dict[Key, float] = {}
+    tail = tails(graph)
+    best = base
+    for k in order:
+        t = 0.0
+        for pred, lag in graph.deps[k]:
+            t = max(t, es[pred] + dur[pred] + lag)
+        if k in chain_pred:
+            t = max(t, es[chain_pred[k]] + dur[chain_pred[k]])
+        op, s, i = k
+        options = _release_options(p, s, i, graph.split_backward) if op == Op.F else None
+        if options:
+            f, b = dur[(Op.F, s, 0)], dur[(bwd, s, 0)]
+            w = dur[(Op.W, s, 0)] if graph.split_backward else 0.0
+            M = p.microbatches
+            cheapest, finish = math.inf, math.inf
+            for n_b, n_w in options:
+                ready = es[(Op.F, s, 0)] + i * f + n_b * b + n_w * w
+                if n_b:
+                    ready = max(ready, es[(bwd, s, n_b - 1)] + b)
+                if n_w:
+                    ready = max(ready, es[(Op.W, s, n_w - 1)] + w)
+                cheapest = min(cheapest, ready)
+                finish = min(finish, ready + f + (M - n_b) * b + (M - n_w) * w)
+            t = max(t, cheapest)
+            if i == M - 1:
+                best = max(best, finish)
+        es[k] = t
+        best = max(best, t + dur[k] + tail[k])
+    return best
+
+
 # ------------------------------------------------------------------ budgets
 def min_budgets(problem: Problem) -> tuple[list[int], list[int]]:
     """Per device, the smallest budget at which a schedule exists: (no offload, offload).
