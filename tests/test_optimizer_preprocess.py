@@ -76,6 +76,16 @@ def test_memory_bound_holds_for_every_fitting_schedule(problem: Problem, split: 
             >= bound - 1e-9
 
 
+def test_a_chunked_pipeoffload_brings_a_linear_one_for_the_offload_model() -> None:
+    p = uniform_problem(4, 8, p2p=0.05, activation=10**9, freed_by_b=10**9 // 2,
+                        d2h_bandwidth=2e9, h2d_bandwidth=2e9).activation_budget(2)
+    by_name = {c.name: c for c in fixed_schedules(p).candidates}
+    assert by_name["pipeoffload"].schedule.placement != list(range(4))      # ZB-V base
+    linear = by_name["pipeoffload-linear"]
+    assert linear.schedule.placement == list(range(4)) and linear.fits
+    assert linear.schedule.offloads
+
+
 def _random_problem(seed: int) -> Problem:
     import random
     rng = random.Random(seed)

@@ -44,8 +44,8 @@ def _grads(model):
 
 
 def _compare(kind: str, name: str, steps: int = 3):
-    model, loss_fn, x, y = build_case(kind, 4, batch=8)
     schedule = _schedule(name)
+    model, loss_fn, x, y = build_case(kind, schedule.stages, batch=8)  # chunked: 2/device
     plain = OptPipeRunner(model, schedule, loss_fn)
     loss_plain = plain.step(x, y)
     reference = _grads(model)

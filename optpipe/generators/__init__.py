@@ -16,7 +16,8 @@ name                      what it is
 ``zb-h2``                 zero-bubble H2: ``2S-1`` in flight, no steady-state bubble
 ``zb-v``                  zero-bubble V: two chunks in a V, 1F1B's memory
 ``zb-auto``               greedy zero-bubble scheduler searching its knobs under the budget
-``pipeoffload``           offloads chosen activations to host so the peak fits the budget
+``pipeoffload``           offloads chosen activations to host so the peak fits the budget,
+                          option ``bases`` (default ZB-H1, 1F1B, interleaved 1F1B, ZB-V)
 ========================  ===================================================================
 
 Use :func:`generate` (it checks the name and the options) and :func:`applicable` (so that a
@@ -50,7 +51,7 @@ GENERATORS: dict[str, Callable[..., Schedule]] = {
 }
 
 #: The options each generator accepts (anything else is an error, not a silent default).
-OPTIONS: dict[str, tuple[str, ...]] = {"interleaved-1f1b": ("chunks",)}
+OPTIONS: dict[str, tuple[str, ...]] = {"interleaved-1f1b": ("chunks",), "pipeoffload": ("bases",)}
 
 
 def _lookup(name: str) -> Callable[..., Schedule]:

@@ -1,14 +1,15 @@
-"""pipeoffload: fit a budget 1F1B/ZB-H1 exceed by sending chosen activations to host memory.
+"""pipeoffload: fit a budget that fixed schedules exceed by sending activations to host memory.
 
 In the spirit of PipeOffload (Wan et al. 2025): on the first stages of a pipeline a
 microbatch's activations sit idle for a long time between its F and its backward, and
 that idle time is long enough to hide a device-to-host copy and the copy back. Offloading
 exactly those microbatches lowers the peak without slowing the step, as long as each round
-trip hides behind compute.
+trip hides behind compute. The paper builds on interleaved and V-shaped placements, where
+a microbatch's first chunk waits longest; so do we.
 
 How the microbatches are chosen (by simulating, never by formula):
 
-1. start from the ZB-H1 order and from the 1F1B order (each is tried);
+1. start from each of four orders: ZB-H1, 1F1B, interleaved 1F1B (2 chunks) and ZB-V;
 2. simulate; on every device over its budget, walk the moments its memory is over budget
    and, at each, pick microbatches kept at that moment whose activations could be away
    over it: their ``OFFLOAD`` (issued right after their F, so the copy starts when the F
@@ -18,9 +19,11 @@ How the microbatches are chosen (by simulating, never by formula):
    back before the backward starts (so the backward does not wait), never before the
    OFFLOAD; if no such action exists the microbatch is not offloaded (a later round may
    accept an unhidden reload when nothing else helps);
-4. a device whose excess no offload can remove (with ZB-H1, the ``freed_by_w`` bytes of
-   deferred W's) runs its W's that many steps sooner instead (down to 1F1B's order);
-5. re-simulate and repeat a few rounds. Among both bases, the shortest schedule that fits
+4. a device whose excess no offload can remove (the ``freed_by_w`` bytes of deferred W's,
+   which cannot be offloaded after their B) runs W's sooner instead: with ZB-H1 its W's
+   move that many steps earlier (down to 1F1B's order); with ZB-V, the W held longest
+   at the first moment over budget moves to right after its B;
+5. re-simulate and repeat a few rounds. Among all bases, the shortest schedule that fits
    wins; if none fits, the one that overshoots least, with ``provenance["fits"] = False``.
 
 The simulator's transfer rules apply: a transfer is issued when the compute action listed
@@ -32,8 +35,9 @@ for the RELOAD.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Sequence
 
+from optpipe.errors import OptPipeError
 from optpipe.generators.base import Order, require_base
 from optpipe.generators.classic import one_f_one_b_orders
 from optpipe.generators.zero_bubble import zb_h1_orders
@@ -41,7 +45,8 @@ from optpipe.problem import Problem
 from optpipe.schedule import Action, Op, Schedule, linear_placement
 from optpipe.simulator import ActionRecord, SimResult, simulate
 
-ROUNDS = 12
+#: Rounds of offloading per base. ZB-V may need one round per W it runs sooner.
+ROUNDS = 30
 
 Key = tuple[int, int]              # (stage, microbatch)
 Slot = tuple[str, int, int]        # a compute action (op, stage, microbatch)
@@ -51,21 +56,23 @@ Slot = tuple[str, int, int]        # a compute action (op, stage, microbatch)
 class _Plan:
     """One base order, the offloaded microbatches and where each one's RELOAD goes.
 
-    ``delays`` (split backward only) is how many steady steps each stage defers its W's
-    (ZB-H1 uses ``s`` on stage ``s``). Deferred W's keep ``freed_by_w`` bytes that cannot
-    be offloaded any more (an OFFLOAD must precede the backward), so a stage whose excess
-    is made of those gets its delay lowered instead.
+    ``delays`` (ZB-H1 only) is how many steady steps each stage defers its W's (ZB-H1
+    uses ``s`` on stage ``s``); the orders are rebuilt from it. Deferred W's keep
+    ``freed_by_w`` bytes that cannot be offloaded any more (an OFFLOAD must precede the
+    backward), so a stage whose excess is made of those gets its delay lowered instead.
+    Other bases keep their orders here and have single W's moved sooner.
     """
 
     base: str
-    delays: list[int] | None
+    placement: list[int]
+    base_orders: list[Order]
+    delays: list[int] | None = None
     reload_after: dict[Key, Slot] = field(default_factory=dict)
 
     def orders(self, problem: Problem) -> list[Order]:
-        D, M = problem.devices, problem.microbatches
-        if self.delays is None:
-            return one_f_one_b_orders(D, M)
-        return zb_h1_orders(D, M, self.delays)
+        if self.delays is not None:
+            return zb_h1_orders(problem.devices, problem.microbatches, self.delays)
+        return self.base_orders
 
     def schedule(self, problem: Problem, fits: bool | None = None) -> Schedule:
         """Insert OFFLOAD after each chosen F and RELOAD after its chosen compute action."""
@@ -79,21 +86,21 @@ class _Plan:
                 acts.append(Action(Op(op), s, m))
                 if op == "F" and (s, m) in self.reload_after:
                     acts.append(Action(Op.OFFLOAD, s, m))
-                for ks, km in sorted(after.get((op, s, m), []), key=lambda k: k[1]):
+                for ks, km in sorted(after.get((op, s, m), []), key=lambda k: (k[1], k[0])):
                     acts.append(Action(Op.RELOAD, ks, km))
             actions.append(acts)
         per_device = [0] * problem.devices
         for s, _ in self.reload_after:
-            per_device[s] += 1
+            per_device[self.placement[s]] += 1
         provenance: dict[str, Any] = {"source": "generator", "name": "pipeoffload",
                                       "base": self.base, "offloaded": per_device}
         if self.delays is not None:
             provenance["w_delays"] = list(self.delays)
         if fits is not None:
             provenance["fits"] = fits
-        return Schedule(name="pipeoffload", stages=problem.stages, devices=problem.devices,
-                        microbatches=problem.microbatches,
-                        placement=linear_placement(problem.devices), actions=actions,
+        return Schedule(name="pipeoffload", stages=len(self.placement),
+                        devices=problem.devices, microbatches=problem.microbatches,
+                        placement=list(self.placement), actions=actions,
                         provenance=provenance).validate()
 
 
@@ -119,35 +126,34 @@ def _over_moments(result: SimResult, d: int) -> list[tuple[float, int]]:
     return [(t, level) for t, level in result.memory_timeline[d] if level > budget]
 
 
+def _compute_records(result: SimResult) -> dict[Slot, ActionRecord]:
+    return {(r.action.op.value, r.action.stage, r.action.microbatch): r
+            for r in result.records if r.action.op.is_compute}
+
+
 def _improve(problem: Problem, plan: _Plan, result: SimResult, hidden: bool) -> list[int]:
     """One round of steps 2-3 of the module docstring; the over-budget devices it did not help."""
-    rec = {(r.action.op.value, r.action.stage, r.action.microbatch): r
-           for r in result.records if r.action.op.is_compute}
+    judged = result.problem                       # split into chunks when the base is
+    rec = _compute_records(result)
     orders = plan.orders(problem)
     stuck = []
     for d in result.over_budget():
         order = orders[d]
-        added = False
-        s = d  # linear placement: stage s lives on device s
-        size = problem.activation[s]
-        if size == 0:                # only static bytes: nothing to offload
-            stuck.append(d)
-            continue
-        t_off, t_rel = problem.offload_time(s), problem.reload_time(s)
         options = []
-        for m in range(problem.microbatches):
-            if (s, m) in plan.reload_after:
+        for op, s, m in order:
+            if op != "F" or (s, m) in plan.reload_after or judged.activation[s] == 0:
                 continue
-            slot = _reload_slot(order, rec, (s, m), t_rel, hidden)
+            slot = _reload_slot(order, rec, (s, m), judged.reload_time(s), hidden)
             if slot is None:
                 continue
-            away_from, away_to = rec[("F", s, m)].end + t_off, rec[slot].end
+            away_from, away_to = rec[("F", s, m)].end + judged.offload_time(s), rec[slot].end
             if away_to > away_from:
                 options.append((away_to - away_from, away_from, away_to, (s, m), slot))
         options.sort(key=lambda o: (-o[0], o[3]))
-        chosen: list[tuple[float, float]] = []
+        chosen: list[tuple[float, float, int]] = []
+        added = False
         for t, level in _over_moments(result, d):
-            level -= size * sum(1 for lo, hi in chosen if lo <= t < hi)
+            level -= sum(size for lo, hi, size in chosen if lo <= t < hi)
             for option in options:
                 if level <= result.budget[d]:
                     break
@@ -155,7 +161,8 @@ def _improve(problem: Problem, plan: _Plan, result: SimResult, hidden: bool) -> 
                 if key in plan.reload_after or not lo <= t < hi:
                     continue
                 plan.reload_after[key] = slot
-                chosen.append((lo, hi))
+                size = judged.activation[key[0]]
+                chosen.append((lo, hi, size))
                 level -= size
                 added = True
         if not added:
@@ -174,6 +181,34 @@ def _lower_delay(problem: Problem, plan: _Plan, result: SimResult, d: int) -> bo
     return True
 
 
+def _run_w_sooner(plan: _Plan, result: SimResult, d: int) -> bool:
+    """Move the W held longest at device d's first moment over budget to right after its B.
+
+    Reload slots that no longer lie between their F and their backward are dropped (the
+    next round may offload those microbatches again).
+    """
+    if plan.delays is not None:
+        return False
+    order = plan.base_orders[d]
+    rec = _compute_records(result)
+    over = _over_moments(result, d)
+    if not over:
+        return False
+    t = over[0][0]
+    held = [k for k in order if k[0] == "W" and rec[("B",) + k[1:]].end <= t < rec[k].start]
+    if not held:
+        return False
+    w = min(held, key=lambda k: rec[("B",) + k[1:]].end)
+    order.remove(w)
+    order.insert(order.index(("B",) + w[1:]) + 1, w)
+    pos = {k: i for i, k in enumerate(order)}
+    for key, slot in list(plan.reload_after.items()):
+        if slot in pos and not (pos[("F",) + key] < pos[slot]
+                                < pos[(_backward_op(order, key),) + key]):
+            del plan.reload_after[key]
+    return True
+
+
 def _fit(problem: Problem, plan: _Plan) -> tuple[_Plan, SimResult]:
     """Rounds of offloading (and, for a split backward, of earlier W's) until it fits."""
     result = simulate(problem, plan.schedule(problem))
@@ -183,7 +218,8 @@ def _fit(problem: Problem, plan: _Plan) -> tuple[_Plan, SimResult]:
         if result.fits:
             break
         stuck = _improve(problem, plan, result, hidden)
-        lowered = [d for d in stuck if _lower_delay(problem, plan, result, d)]
+        lowered = [d for d in stuck if _lower_delay(problem, plan, result, d)
+                   or _run_w_sooner(plan, result, d)]
         if len(stuck) == len(result.over_budget()) and not lowered:
             if not hidden:
                 break
@@ -196,7 +232,8 @@ def _fit(problem: Problem, plan: _Plan) -> tuple[_Plan, SimResult]:
 
 
 def _snapshot(plan: _Plan) -> _Plan:
-    return _Plan(plan.base, None if plan.delays is None else list(plan.delays),
+    return _Plan(plan.base, list(plan.placement), [list(o) for o in plan.base_orders],
+                 None if plan.delays is None else list(plan.delays),
                  dict(plan.reload_after))
 
 
@@ -206,14 +243,57 @@ def _rank(result: SimResult) -> tuple[float, float]:
     return (0.0, result.makespan) if result.fits else (1.0 + over, result.makespan)
 
 
-def pipeoffload(problem: Problem) -> Schedule:
-    """Offload the activations that are away long enough, until the peak fits the budget."""
+def _compute_orders(schedule: Schedule) -> list[Order]:
+    return [[(a.op.value, a.stage, a.microbatch) for a in acts if a.op.is_compute]
+            for acts in schedule.actions]
+
+
+#: The base orders pipeoffload starts from (step 1 of the module docstring).
+BASES = ("zb-h1", "1f1b", "interleaved-1f1b", "zb-v")
+
+
+def _bases(problem: Problem, names: Sequence[str]) -> list[_Plan]:
+    """The starting orders named; a chunked one is skipped if its generator declines."""
+    from optpipe.generators.interleaved import interleaved_1f1b
+    from optpipe.generators.zbv import zb_v
+
+    D, M = problem.devices, problem.microbatches
+    linear = linear_placement(D)
+    chunked: dict[str, Callable[[Problem], Schedule]] = {
+        "interleaved-1f1b": interleaved_1f1b, "zb-v": zb_v}
+    plans = []
+    for name in names:
+        if name == "zb-h1":
+            plans.append(_Plan("zb-h1", linear, [], delays=list(range(D))))
+        elif name == "1f1b":
+            plans.append(_Plan("1f1b", linear, one_f_one_b_orders(D, M)))
+        else:
+            try:
+                base = chunked[name](problem)
+            except OptPipeError:
+                continue
+            plans.append(_Plan(name, list(base.placement), _compute_orders(base)))
+    return plans
+
+
+def pipeoffload(problem: Problem, bases: Sequence[str] = BASES) -> Schedule:
+    """Offload the activations that are away long enough, until the peak fits the budget.
+
+    ``bases`` restricts the starting orders (e.g. ``("zb-h1", "1f1b")`` for one stage
+    per device, which the optimizer's offload model needs as its warm start).
+    """
     require_base(problem, "pipeoffload")
-    D = problem.devices
+    unknown = [b for b in bases if b not in BASES]
+    if unknown or not bases:
+        raise OptPipeError(f"pipeoffload bases must be a non-empty choice of "
+                           f"{', '.join(BASES)}; got {list(bases)}")
     best: tuple[tuple[float, float], _Plan, SimResult] | None = None
-    for plan in (_Plan("zb-h1", list(range(D))), _Plan("1f1b", None)):
+    for plan in _bases(problem, bases):
         plan, result = _fit(problem, plan)
         if best is None or _rank(result) < best[0]:
             best = (_rank(result), plan, result)
+    if best is None:                  # only chunked bases were asked for, and they declined
+        raise OptPipeError(f"pipeoffload: none of the bases {list(bases)} applies to this "
+                           f"problem; include zb-h1 or 1f1b")
     _, plan, result = best
     return plan.schedule(problem, fits=result.fits)

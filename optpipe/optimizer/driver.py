@@ -380,7 +380,8 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
     ``ORDER_SHARE_WITH_OFFLOAD`` of the time, then the offload model (one stage per
     device) gets the rest, hinted with the best schedule so far on that placement. The
     offload model's space contains the order model's, so for one stage per device its
-    bound (or the no-memory bound, if it did not run) replaces the order model's.
+    bound (or the no-memory bound, if it did not run) replaces the order model's; the
+    other placements fall back to their no-memory bounds.
     """
     incumbent = best_fixed.makespan if best_fixed is not None else math.inf
     linear = next(sp for sp in spaces if sp.label == "linear")
@@ -436,7 +437,12 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
                 best_on[space.label] = run.schedule
     best_linear = best_on.get("linear")
     if use_offload:
-        linear.bound = lb_linear      # order-model proofs do not cover offload
+        # order-model proofs do not cover offload, which fixed schedules may use on any
+        # placement (pipeoffload builds on ZB-V too): the no-memory bounds stand instead
+        linear.bound = lb_linear
+        for sp in spaces:
+            if sp is not linear:
+                sp.bound = lower_bound(task_graph(problem, sp.split, sp.placement))
         proven = [r for r in runs if r.extra.get("space") == "linear"
                   and r.status == OPTIMAL and r.objective is not None
                   and r.objective <= lb_linear * (1 + 1e-9)]

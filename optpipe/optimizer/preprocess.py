@@ -636,6 +636,17 @@ def fixed_schedules(problem: Problem, include_own: bool = True) -> FixedSet:
                                                         simulate(problem, schedule)))
                     except OptPipeError as exc:
                         out.skipped["greedy"] = str(exc)
+        offloading = next((c for c in out.candidates if c.name == "pipeoffload"), None)
+        if offloading is not None and \
+                offloading.schedule.placement != linear_placement(problem.devices):
+            # the offload model (one stage per device) needs a linear warm start too
+            try:
+                schedule = gens.generate("pipeoffload", problem, bases=("zb-h1", "1f1b"))
+                schedule.name = "pipeoffload-linear"
+                out.candidates.append(Candidate(schedule.name, schedule,
+                                                simulate(problem, schedule)))
+            except OptPipeError as exc:
+                out.skipped["pipeoffload-linear"] = str(exc)
         S = problem.stages
         for cap in sorted({S, max(1, S // 2), 1} | _fitting_caps(problem)):
             for split in (True, False):
