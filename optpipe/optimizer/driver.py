@@ -315,6 +315,7 @@ class _Space:
     best_fixed: float       # best fitting fixed schedule on it (inf if none)
     split: bool = True      # backwards modelled as B and W (else fused BW)
     overrun: float = 0.0    # seconds a run on it may go past its limit (expected or seen)
+    hinted: bool = True     # a fitting schedule without offload exists to start a search
 
 
 def _shapes(problem: Problem, split_backward: bool) -> list[tuple[str, list[int], bool]]:
@@ -338,8 +339,9 @@ def _spaces(problem: Problem, split_backward: bool, fixed: FixedSet,
     """Placements worth searching, most promising first.
 
     One stage per device always; also the V shape and interleaved 2 chunks (what ZB-V,
-    zb-auto and interleaved 1F1B use) when some fixed schedule on them fits, since a
-    hint on the placement is needed. Each starts with its no-memory lower bound; only
+    zb-auto and interleaved 1F1B use) when some fixed schedule on them fits: one that
+    does without offload is the hint a search there needs (``hinted``); one that
+    offloads (pipeoffload on ZB-V) may be returned, so the placement's bound counts. Each starts with its no-memory lower bound; only
     CP-SAT searches the chunked ones (the MILP models one stage per device), but their
     bounds always count, because a fixed schedule on them may be returned.
 
@@ -354,15 +356,16 @@ def _spaces(problem: Problem, split_backward: bool, fixed: FixedSet,
     faster = _fused_faster(problem)
     out = []
     for label, place, split in _shapes(problem, split_backward):
-        on = [c.makespan for c in fixed.candidates if c.fits and not c.schedule.offloads
-              and list(c.schedule.placement) == place
+        on = [c for c in fixed.candidates if c.fits and list(c.schedule.placement) == place
+              and (use_offload or not c.schedule.offloads)
               and _in_space(c.schedule, split, faster)]
         if place != linear_placement(problem.devices) and not on:
             continue
         graph = task_graph(problem, split, place)
         lb = lower_bound(graph) if use_offload else memory_bound(graph)
-        out.append(_Space(label, place, lb, min(on, default=math.inf), split,
-                          overrun=_expected_overrun(problem, place, engine)))
+        out.append(_Space(label, place, lb, min((c.makespan for c in on), default=math.inf),
+                          split, overrun=_expected_overrun(problem, place, engine),
+                          hinted=any(not c.schedule.offloads for c in on)))
     out.sort(key=lambda sp: (sp.best_fixed, sp.bound))
     return out
 
@@ -393,7 +396,8 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
     pool = _hint_pool(fixed, split_backward)
     lb_linear = linear.bound
     best_on: dict[str, Schedule] = {}
-    searchable = [sp for sp in spaces if engine == "cpsat" or sp.label == "linear"]
+    searchable = [sp for sp in spaces
+                  if (engine == "cpsat" and sp.hinted) or sp.label == "linear"]
     first = sorted(searchable, key=lambda sp: sp.label != "linear")   # stable
     for sweep in range(2):    # a second sweep gives time left over to open placements
         order = first if sweep == 0 else searchable

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from optpipe.errors import InfeasibleError
-from optpipe.optimizer.preprocess import Key, TaskGraph
+from optpipe.optimizer.preprocess import Key, TaskGraph, memory_bound
 from optpipe.problem import Problem
 from optpipe.schedule import Action, Op, Schedule, linear_placement
 
@@ -253,6 +253,8 @@ def prepare(problem: Problem, graph: TaskGraph, horizon: float, *,
     lb = max(est[a] + tail[a] for a in range(N))
     for d_tasks in device_tasks:
         lb = max(lb, _carlier_bound([(est[a], dur[a], tail[a] - dur[a]) for a in d_tasks]))
+    if use_memory:                    # the memory round trip, shared with CP-SAT
+        lb = max(lb, memory_bound(graph))
     stats["free_pairs"] = len(free_pairs)
     stats["fixed_pairs"] = sum(1 for (a, b) in before if chain_of[a] != chain_of[b])
     return Windows(graph=graph, keys=keys, index=index, dur=dur, dev=dev,
