@@ -342,9 +342,10 @@ def _spaces(problem: Problem, split_backward: bool, fixed: FixedSet,
     One stage per device always; also the V shape and interleaved 2 chunks (what ZB-V,
     zb-auto and interleaved 1F1B use) when some fixed schedule on them fits: one that
     does without offload is the hint a search there needs (``hinted``); one that
-    offloads (pipeoffload on ZB-V) may be returned, so the placement's bound counts. Each starts with its no-memory lower bound; only
-    CP-SAT searches the chunked ones (the MILP models one stage per device), but their
-    bounds always count, because a fixed schedule on them may be returned.
+    offloads (pipeoffload on ZB-V) may be returned, so the placement's bound counts.
+    Each starts with its no-memory lower bound; only CP-SAT searches the chunked ones
+    (the MILP models one stage per device), but their bounds always count, because a
+    fixed schedule on them may be returned.
 
     When a measured fused backward is faster than B + W, each placement is also searched
     with fused backwards (label ``.../fused``): the split model cannot express the
@@ -381,8 +382,8 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
 
     A placement whose lower bound is no better than the incumbent is skipped (it cannot
     win; its bound still counts), except for one stage per device's first proof
-    attempt while its no-memory bound is below the incumbent. With offload the order models share
-    ``ORDER_SHARE_WITH_OFFLOAD`` of the time, then the offload model (one stage per
+    attempt while its no-memory bound is below the incumbent. With offload the order
+    models share ``ORDER_SHARE_WITH_OFFLOAD`` of the time, then the offload model (one stage per
     device) gets the rest, hinted with the best schedule so far on that placement. The
     offload model's space contains the order model's, so for one stage per device its
     bound (or the no-memory bound, if it did not run) replaces the order model's; the
