@@ -383,11 +383,11 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
     A placement whose lower bound is no better than the incumbent is skipped (it cannot
     win; its bound still counts), except for one stage per device's first proof
     attempt while its no-memory bound is below the incumbent. With offload the order
-    models share ``ORDER_SHARE_WITH_OFFLOAD`` of the time, then the offload model (one stage per
-    device) gets the rest, hinted with the best schedule so far on that placement. The
-    offload model's space contains the order model's, so for one stage per device its
-    bound (or the no-memory bound, if it did not run) replaces the order model's; the
-    other placements fall back to their no-memory bounds.
+    models share ``ORDER_SHARE_WITH_OFFLOAD`` of the time, then the offload model (one
+    stage per device) gets the rest, hinted with the best schedule so far on that
+    placement. The offload model's space contains the order model's, so for one stage
+    per device its bound (or the no-memory bound, if it did not run) replaces the order
+    model's; the other placements fall back to their no-memory bounds.
     """
     incumbent = best_fixed.makespan if best_fixed is not None else math.inf
     linear = next(sp for sp in spaces if sp.label == "linear")
