@@ -131,10 +131,10 @@ def _compute_records(result: SimResult) -> dict[Slot, ActionRecord]:
             for r in result.records if r.action.op.is_compute}
 
 
-def _improve(problem: Problem, plan: _Plan, result: SimResult, hidden: bool) -> list[int]:
+def _improve(problem: Problem, plan: _Plan, result: SimResult,
+             rec: dict[Slot, ActionRecord], hidden: bool) -> list[int]:
     """One round of steps 2-3 of the module docstring; the over-budget devices it did not help."""
     judged = result.problem                       # split into chunks when the base is
-    rec = _compute_records(result)
     orders = plan.orders(problem)
     stuck = []
     for d in result.over_budget():
@@ -181,7 +181,8 @@ def _lower_delay(problem: Problem, plan: _Plan, result: SimResult, d: int) -> bo
     return True
 
 
-def _run_w_sooner(plan: _Plan, result: SimResult, d: int) -> bool:
+def _run_w_sooner(plan: _Plan, result: SimResult, rec: dict[Slot, ActionRecord],
+                  d: int) -> bool:
     """Move the W held longest at device d's first moment over budget to right after its B.
 
     Reload slots that no longer lie between their F and their backward are dropped (the
@@ -190,7 +191,6 @@ def _run_w_sooner(plan: _Plan, result: SimResult, d: int) -> bool:
     if plan.delays is not None:
         return False
     order = plan.base_orders[d]
-    rec = _compute_records(result)
     over = _over_moments(result, d)
     if not over:
         return False
@@ -217,9 +217,10 @@ def _fit(problem: Problem, plan: _Plan) -> tuple[_Plan, SimResult]:
     for _ in range(ROUNDS):
         if result.fits:
             break
-        stuck = _improve(problem, plan, result, hidden)
+        rec = _compute_records(result)       # one lookup per round, shared by both steps
+        stuck = _improve(problem, plan, result, rec, hidden)
         lowered = [d for d in stuck if _lower_delay(problem, plan, result, d)
-                   or _run_w_sooner(plan, result, d)]
+                   or _run_w_sooner(plan, result, rec, d)]
         if len(stuck) == len(result.over_budget()) and not lowered:
             if not hidden:
                 break
