@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""How close the lower bounds come, one stage per device, at half of 1F1B's memory.
+
+For each of the benchmark's problems (``bench_solver.bench_problem`` at budget S/2) it
+prints the no-memory bound (``preprocess.lower_bound``), the memory round-trip bound
+(``preprocess.memory_bound``) and, for the cells in ``--prove``, what CP-SAT alone finds
+for one stage per device (``solve_cpsat(..., decompose=False)``, hinted with the fitting
+fixed schedules as the driver does, and starting from the memory bound): status,
+makespan, proven bound and seconds. The table goes into
+docs/optimizer.md between markers (``--no-write`` prints only).
+
+    python scripts/bench_bounds.py                          # 9 sizes, 5 proof attempts
+    python scripts/bench_bounds.py --prove 4x32 --time-limit 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import time
+
+from bench_solver import ROOT, bench_problem  # also puts the repository on sys.path
+
+from optpipe.optimizer.cpsat import solve_cpsat  # noqa: E402
+from optpipe.optimizer.preprocess import (fixed_schedules, lower_bound,  # noqa: E402
+                                          memory_bound, task_graph)
+
+DOC = ROOT / "docs" / "optimizer.md"
+START, END = "<!-- bounds:table:start -->", "<!-- bounds:table:end -->"
+SIZES = [(s, m) for s in (4, 8, 16) for m in (16, 32, 64)]
+
+
+def _size(text: str) -> tuple[int, int]:
+    s, m = text.split("x")
+    return int(s), int(m)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--prove", default="4x16,8x16,16x16,4x32,8x32",
+                    help="cells where CP-SAT alone searches one stage per device")
+    ap.add_argument("--time-limit", type=float, default=120.0)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args(argv)
+    prove = {_size(x) for x in args.prove.split(",") if x}
+    lines = ["| problem | no-memory bound | memory bound | CP-SAT, one stage per device |",
+             "|---|---|---|---|"]
+    for stages, microbatches in SIZES:
+        problem = bench_problem(stages, microbatches, stages / 2, False)
+        graph = task_graph(problem)
+        free, memory = lower_bound(graph), memory_bound(graph)
+        cell = ""
+        if (stages, microbatches) in prove:
+            hints = sorted((c for c in fixed_schedules(problem).candidates if c.fits),
+                           key=lambda c: c.makespan)
+            t0 = time.monotonic()
+            run = solve_cpsat(problem, warm_start=[c.schedule for c in hints],
+                              time_limit=args.time_limit, threads=args.threads,
+                              decompose=False)
+            cell = (f"{run.status} {run.objective:.2f} s, bound {run.bound:.2f} s, "
+                    f"{time.monotonic() - t0:.0f} s")
+        lines.append(f"| {stages}×{microbatches} | {free:.2f} s | {memory:.2f} s | {cell} |")
+        print(lines[-1], flush=True)
+    meta = (f"Measured with `python scripts/bench_bounds.py` on {os.cpu_count()} CPU cores, "
+            f"{args.threads} solver threads, {args.time_limit:g} s per proof attempt "
+            f"(budget S/2, F = B = W = 1 s, p2p 0.05 s).")
+    if not args.no_write:
+        text = DOC.read_text()
+        block = f"{START}\n{meta}\n\n" + "\n".join(lines) + f"\n{END}"
+        pattern = re.escape(START) + r".*?" + re.escape(END)
+        if not re.search(pattern, text, re.S):
+            raise SystemExit(f"no {START} ... {END} markers in {DOC}")
+        DOC.write_text(re.sub(pattern, lambda _: block, text, flags=re.S))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
