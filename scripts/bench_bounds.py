@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""How close the lower bounds come, one stage per device, at half of 1F1B's memory.
+"""How close the lower bounds come at half of 1F1B's memory.
 
 For each of the benchmark's problems (``bench_solver.bench_problem`` at budget S/2) it
-prints the no-memory bound (``preprocess.lower_bound``), the memory round-trip bound
-(``preprocess.memory_bound``) and, for the cells in ``--prove``, what CP-SAT alone finds
+prints, one stage per device, the no-memory bound (``preprocess.lower_bound``) and the
+memory round-trip bound (``preprocess.memory_bound``); the same two for the V shape and
+interleaved two chunks (whose devices share their room between two stages); and, for
+the cells in ``--prove``, what CP-SAT alone finds
 for one stage per device (``solve_cpsat(..., decompose=False)``, hinted with the fitting
 fixed schedules as the driver does, and starting from the memory bound): status,
 makespan, proven bound and seconds. The table goes into
@@ -26,6 +28,7 @@ from bench_solver import ROOT, bench_problem  # also puts the repository on sys.
 from optpipe.optimizer.cpsat import solve_cpsat  # noqa: E402
 from optpipe.optimizer.preprocess import (fixed_schedules, lower_bound,  # noqa: E402
                                           memory_bound, task_graph)
+from optpipe.schedule import interleaved_placement, v_placement  # noqa: E402
 
 DOC = ROOT / "docs" / "optimizer.md"
 START, END = "<!-- bounds:table:start -->", "<!-- bounds:table:end -->"
@@ -46,8 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args(argv)
     prove = {_size(x) for x in args.prove.split(",") if x}
-    lines = ["| problem | no-memory bound | memory bound | CP-SAT, one stage per device |",
-             "|---|---|---|---|"]
+    lines = ["| problem | no-memory bound | memory bound | CP-SAT, one stage per device "
+             "| V: no-memory → memory | interleaved: no-memory → memory |",
+             "|---|---|---|---|---|---|"]
     for stages, microbatches in SIZES:
         problem = bench_problem(stages, microbatches, stages / 2, False)
         graph = task_graph(problem)
@@ -62,7 +66,12 @@ def main(argv: list[str] | None = None) -> int:
                               decompose=False)
             cell = (f"{run.status} {run.objective:.2f} s, bound {run.bound:.2f} s, "
                     f"{time.monotonic() - t0:.0f} s")
-        lines.append(f"| {stages}×{microbatches} | {free:.2f} s | {memory:.2f} s | {cell} |")
+        chunked = []
+        for place in (v_placement(stages), interleaved_placement(stages, 2)):
+            g = task_graph(problem, True, place)
+            chunked.append(f"{lower_bound(g):.2f} → {memory_bound(g):.2f} s")
+        lines.append(f"| {stages}×{microbatches} | {free:.2f} s | {memory:.2f} s | {cell} | "
+                     + " | ".join(chunked) + " |")
         print(lines[-1], flush=True)
     meta = (f"Measured with `python scripts/bench_bounds.py` on {os.cpu_count()} CPU cores, "
             f"{args.threads} solver threads, {args.time_limit:g} s per proof attempt "

@@ -351,9 +351,9 @@ def _spaces(problem: Problem, split_backward: bool, fixed: FixedSet,
     with fused backwards (label ``.../fused``): the split model cannot express the
     saving, and fused schedules (1F1B-like) may then be the fastest.
 
-    Without offload, one stage per device starts from its memory round-trip bound
-    (:func:`~.preprocess.memory_bound`), which at tight budgets is far above its
-    no-memory bound.
+    Without offload, each placement starts from its memory round-trip bound
+    (:func:`~.preprocess.memory_bound`), which at tight budgets is above its no-memory
+    bound (far above for one stage per device).
     """
     faster = _fused_faster(problem)
     out = []

@@ -28,6 +28,7 @@ Keys are ``(Op, stage, microbatch)`` tuples, the same as :attr:`Action.key`.
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
@@ -310,18 +311,24 @@ def _release_options(problem: Problem, s: int, i: int, split_backward: bool
 
 
 def memory_bound(graph: TaskGraph) -> float:
-    """A makespan bound that counts the memory round trip (one stage per device, no offload).
+    """A makespan bound that counts the memory round trip (no offload).
 
     Why: at a tight budget the pace is set by a cycle the other bounds miss — forward
     ``i`` of a stage cannot start until enough earlier microbatches have come back
-    through every later stage and released memory here. The release counts that let
-    ``F(s, i)`` fit form a small set of options (:func:`_release_options`); for each the
-    forward waits for the last B (and W) needed *and* for the device to have run all
-    earlier forwards plus those backwards, and it can do no better than the cheapest
-    option. Earliest starts are propagated microbatch by microbatch through the task
-    graph with that rule added (every task a forward waits on belongs to an earlier
-    microbatch), and the bound is the latest ``start + duration + tail``, also taking
-    per stage the cheapest option's remaining backward work after its last forward.
+    through every later stage and released memory here, *and* the device has run the
+    work that came before. Earliest starts are propagated microbatch by microbatch
+    through the task graph with that rule added to every forward (every task a forward
+    waits on belongs to an earlier microbatch), and the bound is the latest ``start +
+    duration + tail``.
+
+    * One stage per device: the release counts that let ``F(s, i)`` fit form a small
+      set of options (:func:`_release_options`); for each the forward waits for the
+      last B (and W) needed and for the device to have run all earlier forwards plus
+      those backwards, and it can do no better than the cheapest option. Per stage the
+      last forward also leaves the backward work still to run.
+    * Several stages per device (V shape, interleaved chunks): see
+      :func:`_shared_ready` — the device's stages share its room, and a later chunk's
+      forward finds the earlier chunk's activations of the same microbatches held.
 
     Valid for the schedules the engines search (FIFO per op type, as
     :func:`memory_implied_orders`); not with offload, which frees memory without
@@ -330,8 +337,6 @@ def memory_bound(graph: TaskGraph) -> float:
     195.2 s; where the optimum is proven the bound is 84-92% of it.
     """
     base = lower_bound(graph)
-    if graph.placement:
-        return base
     p = graph.problem
     dur = graph.duration
     bwd = Op.B if graph.split_backward else Op.BW
@@ -344,6 +349,7 @@ def memory_bound(graph: TaskGraph) -> float:
     es: dict[Key, float] = {}
     tail = tails(graph)
     best = base
+    M = p.microbatches
     for k in order:
         t = 0.0
         for pred, lag in graph.deps[k]:
@@ -351,25 +357,130 @@ def memory_bound(graph: TaskGraph) -> float:
         if k in chain_pred:
             t = max(t, es[chain_pred[k]] + dur[chain_pred[k]])
         op, s, i = k
-        options = _release_options(p, s, i, graph.split_backward) if op == Op.F else None
+        if op == Op.F and graph.placement:
+            t = max(t, _shared_ready(graph, es, s, i))
+        options = _release_options(p, s, i, graph.split_backward) \
+            if op == Op.F and not graph.placement else None
         if options:
             f, b = dur[(Op.F, s, 0)], dur[(bwd, s, 0)]
             w = dur[(Op.W, s, 0)] if graph.split_backward else 0.0
-            M = p.microbatches
             cheapest, finish = math.inf, math.inf
             for n_b, n_w in options:
-                ready = es[(Op.F, s, 0)] + i * f + n_b * b + n_w * w
-                if n_b:
-                    ready = max(ready, es[(bwd, s, n_b - 1)] + b)
-                if n_w:
-                    ready = max(ready, es[(Op.W, s, n_w - 1)] + w)
-                cheapest = min(cheapest, ready)
-                finish = min(finish, ready + f + (M - n_b) * b + (M - n_w) * w)
+                def ready(n_w: int) -> float:
+                    at = es[(Op.F, s, 0)] + i * f + n_b * b + n_w * w
+                    if n_b:
+                        at = max(at, es[(bwd, s, n_b - 1)] + b)
+                    if n_w:
+                        at = max(at, es[(Op.W, s, n_w - 1)] + w)
+                    return at
+                cheapest = min(cheapest, ready(n_w))
+                if i == M - 1:
+                    # the schedule may have run more W's than the option needs before
+                    # this forward (while waiting for the last B), leaving fewer after
+                    finish = min(finish, min(ready(m) + f + (M - n_b) * b + (M - m) * w
+                                             for m in range(n_w, (n_b if graph.split_backward else n_w) + 1)))
             t = max(t, cheapest)
             if i == M - 1:
                 best = max(best, finish)
         es[k] = t
         best = max(best, t + dur[k] + tail[k])
+    return best
+
+
+def _release_pieces(avail_b: int, avail_w: int, freed_b: float, freed_w: float,
+                    cost_b: float, cost_w: float) -> list[tuple[float, float]]:
+    """The cheapest device time to release ``x`` bytes of one stage, as convex pieces.
+
+    Returns ``(seconds per byte, bytes)`` pieces of the LP ``min cost_b n_B + cost_w n_W``
+    with ``freed_b n_B + freed_w n_W >= x``, ``n_W <= n_B <= avail_b``, ``n_W <=
+    avail_w`` (a W needs its B): B's first when they free bytes more cheaply, else B+W
+    pairs first and then lone B's. For a fused backward pass ``freed_w = 0``.
+    """
+    pieces: list[tuple[float, float]] = []
+    if freed_w <= 0 or avail_w == 0:
+        if freed_b > 0 and avail_b:
+            pieces.append((cost_b / freed_b, avail_b * freed_b))
+        return pieces
+    if freed_b <= 0:
+        return [((cost_b + cost_w) / freed_w, avail_w * freed_w)]
+    if cost_b / freed_b <= cost_w / freed_w:
+        return [(cost_b / freed_b, avail_b * freed_b), (cost_w / freed_w, avail_w * freed_w)]
+    pieces.append(((cost_b + cost_w) / (freed_b + freed_w), avail_w * (freed_b + freed_w)))
+    if avail_b > avail_w:
+        pieces.append((cost_b / freed_b, (avail_b - avail_w) * freed_b))
+    return pieces
+
+
+def _shared_ready(graph: TaskGraph, es: Mapping[Key, float], s: int, i: int) -> float:
+    """Earliest start of ``F(s, i)`` on a device that holds several stages (a bound).
+
+    Why it binds: the device's stages share its room, and when ``F(s, i)`` starts, every
+    earlier stage ``u`` on the device (same microbatch, upstream: the first chunk of a
+    V) has run ``F(u, 0..i)`` and released only what its backwards freed — and those
+    backwards need ``B(s, j)`` first, so only microbatches ``j < i`` count. So the row
+    ``(i+1) (a_s + sum a_u) - releases <= room`` must hold; later stages on the device
+    only add held bytes (counted as 0). Releases come from B/W of ``s`` and of the
+    earlier stages with ``j < i``; the forward then waits for (a) the latest of their
+    earliest ends and (b) the device having run ``F(s, 0..i-1)``, ``F(u, 0..i)``, the
+    releasing tasks and, for each ``B(s, j)``, the later stages' ``F`` and ``B`` of
+    ``j`` it depends on (all distinct tasks) from its first possible start. Over the
+    sets of releases that fit, with the device time relaxed to the LP over counts
+    (:func:`_release_pieces`), the least of ``max(a, b)`` is a bound: scan the latest
+    end ``tau`` (a) — (b) only falls as more releases are available.
+    """
+    p = graph.problem
+    dur = graph.duration
+    d = graph.device((Op.F, s, 0))
+    room = p.budget[d] - p.static[d]
+    stages = graph.stages_on(d)
+    lower = [u for u in stages if u < s]
+    need = (i + 1) * (p.activation[s] + sum(p.activation[u] for u in lower)) - room
+    if not math.isfinite(room) or need <= 0 or i == 0:
+        return 0.0
+    split = graph.split_backward
+    bwd = Op.B if split else Op.BW
+    upper_work = sum(dur[(Op.F, v, 0)] + dur[(bwd, v, 0)] for v in stages if v > s)
+    head = es[(Op.F, min(stages), 0)] + i * dur[(Op.F, s, 0)] + \
+        (i + 1) * sum(dur[(Op.F, u, 0)] for u in lower)
+    # per releasing stage: the earliest ends of its B's and W's (j < i, non-decreasing)
+    ends = []
+    for u in [s] + lower:
+        b_end = [es[(bwd, u, j)] + dur[(bwd, u, j)] for j in range(i)]
+        w_end = [es[(Op.W, u, j)] + dur[(Op.W, u, j)] for j in range(i)] if split else []
+        cost_b = dur[(bwd, u, 0)] + (upper_work if u == s else 0.0)
+        cost_w = dur[(Op.W, u, 0)] if split else 0.0
+        freed_b = p.freed_by_b[u] if split else p.activation[u]
+        freed_w = p.freed_by_w[u] if split else 0
+        ends.append((b_end, w_end, freed_b, freed_w, cost_b, cost_w))
+
+    def device_time(tau: float) -> float:
+        pieces = []
+        for b_end, w_end, freed_b, freed_w, cost_b, cost_w in ends:
+            pieces += _release_pieces(bisect.bisect_right(b_end, tau),
+                                      bisect.bisect_right(w_end, tau),
+                                      freed_b, freed_w, cost_b, cost_w)
+        left, spent = float(need), 0.0
+        for rate, amount in sorted(pieces):
+            take = min(left, amount)
+            spent += take * rate
+            left -= take
+            if left <= 0:
+                return head + spent
+        return math.inf
+
+    taus = sorted({x for e in ends for x in e[0] + e[1]})
+    lo, hi = 0, len(taus) - 1                 # first tau with tau >= device_time(tau)
+    if not taus or device_time(taus[-1]) == math.inf:
+        return 0.0                            # no fitting schedule: say nothing
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if taus[mid] >= device_time(taus[mid]):
+            hi = mid
+        else:
+            lo = mid + 1
+    best = max(taus[lo], device_time(taus[lo]))
+    if lo > 0:
+        best = min(best, max(taus[lo - 1], device_time(taus[lo - 1])))
     return best
 
 
