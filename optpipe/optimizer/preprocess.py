@@ -31,7 +31,7 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from optpipe.errors import OptPipeError
 from optpipe.memory.accounting import duration as action_duration
@@ -310,6 +310,40 @@ def _release_options(problem: Problem, s: int, i: int, split_backward: bool
     return out
 
 
+def device_ancestor_work(graph: TaskGraph, order: Sequence[Key]) -> dict[Key, float]:
+    """Per task, the summed durations of its ancestors on its own device.
+
+    Why: every one of them must have run, one at a time, on that device before the task
+    starts — a rule the longest path misses when the device is busy (the backwards of a
+    memory-bound stage wait behind its forwards). Ancestors follow ``deps`` and the
+    FIFO ``chains``, so per (op, stage) they are a prefix of the microbatches; a vector
+    of prefix lengths per task, merged with ``max`` along the edges, counts them.
+    ``order`` must list predecessors first.
+    """
+    import numpy as np
+
+    pairs = [(op, s) for s in range(graph.problem.stages) for op in graph.ops]
+    index = {pair: n for n, pair in enumerate(pairs)}
+    weight = np.zeros((graph.devices, len(pairs)))
+    for (op, s), n in index.items():
+        weight[graph.device((op, s, 0)), n] = graph.duration[(op, s, 0)]
+    preds: dict[Key, list[Key]] = {k: [p for p, _ in graph.deps[k]] for k in graph.keys}
+    for chain in graph.chains:
+        for a, b in zip(chain, chain[1:]):
+            preds[b].append(a)
+    counts: dict[Key, Any] = {}
+    work: dict[Key, float] = {}
+    for k in order:
+        vec = np.zeros(len(pairs))
+        for p in preds[k]:
+            np.maximum(vec, counts[p], out=vec)
+            n = index[(p[0], p[1])]
+            vec[n] = max(vec[n], p[2] + 1)
+        counts[k] = vec
+        work[k] = float(weight[graph.device(k)] @ vec)
+    return work
+
+
 def memory_bound(graph: TaskGraph) -> float:
     """A makespan bound that counts the memory round trip (no offload).
 
@@ -319,7 +353,8 @@ def memory_bound(graph: TaskGraph) -> float:
     work that came before. Earliest starts are propagated microbatch by microbatch
     through the task graph with that rule added to every forward (every task a forward
     waits on belongs to an earlier microbatch), and the bound is the latest ``start +
-    duration + tail``.
+    duration + tail``. Every task also waits for its ancestors on its own device to
+    have run (:func:`device_ancestor_work`).
 
     * One stage per device: the release counts that let ``F(s, i)`` fit form a small
       set of options (:func:`_release_options`); for each the forward waits for the
@@ -350,12 +385,17 @@ def memory_bound(graph: TaskGraph) -> float:
     tail = tails(graph)
     best = base
     M = p.microbatches
+    before = device_ancestor_work(graph, order)
+    # every task of a device descends from its first forward (of its earliest stage)
+    first = {d: (Op.F, min(graph.stages_on(d)), 0) for d in range(graph.devices)}
     for k in order:
         t = 0.0
         for pred, lag in graph.deps[k]:
             t = max(t, es[pred] + dur[pred] + lag)
         if k in chain_pred:
             t = max(t, es[chain_pred[k]] + dur[chain_pred[k]])
+        if k != first[graph.device(k)]:
+            t = max(t, es[first[graph.device(k)]] + before[k])
         op, s, i = k
         if op == Op.F and graph.placement:
             t = max(t, _shared_ready(graph, es, s, i))
