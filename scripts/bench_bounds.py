@@ -13,6 +13,14 @@ docs/optimizer.md between markers (``--no-write`` prints only).
 
     python scripts/bench_bounds.py                          # 9 sizes, 5 proof attempts
     python scripts/bench_bounds.py --prove 4x32 --time-limit 60
+    python scripts/bench_bounds.py --random 60      # + soundness on 60 random problems
+
+``--random N`` also checks soundness where optima are cheap to prove: on the tests'
+``random_problem(seed)`` for N seeds, each placement (one stage per device, V,
+interleaved) and split/fused backwards, CP-SAT proves the optimum (hinted with the
+fitting fixed and periodic schedules) and the bound must not exceed it; the count of
+cases, of bounds that equal the optimum and of violations (must be 0) goes under the
+table.
 """
 
 from __future__ import annotations
@@ -40,12 +48,53 @@ def _size(text: str) -> tuple[int, int]:
     return int(s), int(m)
 
 
+def _soundness(seeds: int, threads: int) -> str:
+    """Bound against CP-SAT's proven optimum on small random problems, every placement."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from test_optimizer_preprocess import random_problem
+
+    from optpipe.optimizer.periodic import periodic_schedules
+    from optpipe.simulator import simulate
+    shapes = {"linear": None, "v": v_placement, "interleaved":
+              lambda d: interleaved_placement(d, 2)}
+    cases = {name: [0, 0, 0] for name in shapes}          # proven, bound == optimum, over
+    for seed in range(seeds):
+        problem = random_problem(seed)
+        for name, make in shapes.items():
+            place = make(problem.devices) if make else list(range(problem.devices))
+            for split in (True, False):
+                hints = [c.schedule for c in fixed_schedules(problem).candidates
+                         if c.fits and not c.schedule.offloads
+                         and c.schedule.placement == place
+                         and (split or not c.schedule.splits_backward)]
+                if make:
+                    hints += [h for h in periodic_schedules(problem, place, split,
+                                                            time_limit=1.0)
+                              if simulate(problem, h).fits]
+                if not hints:
+                    continue
+                run = solve_cpsat(problem, warm_start=hints, time_limit=20, threads=threads,
+                                  placement=place, split_backward=split, decompose=False)
+                if run.status != "optimal":
+                    continue
+                bound = memory_bound(task_graph(problem, split, place))
+                cases[name][0] += 1
+                cases[name][1] += abs(bound - run.objective) <= 1e-6
+                cases[name][2] += bound > run.objective + 1e-6
+    parts = [f"{name}: {n} proven, bound = optimum in {tight}, above it in {over}"
+             for name, (n, tight, over) in cases.items()]
+    return (f"Soundness (`--random {seeds}`: the tests' `random_problem`, seeds 0..{seeds - 1},"
+            f" split and fused, CP-SAT optimum within 20 s): " + "; ".join(parts) + ".")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--prove", default="4x16,8x16,16x16,4x32,8x32",
                     help="cells where CP-SAT alone searches one stage per device")
     ap.add_argument("--time-limit", type=float, default=120.0)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--random", type=int, default=0,
+                    help="check the bounds against proven optima on this many random problems")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args(argv)
     prove = {_size(x) for x in args.prove.split(",") if x}
@@ -72,6 +121,9 @@ def main(argv: list[str] | None = None) -> int:
             chunked.append(f"{lower_bound(g):.2f} → {memory_bound(g):.2f} s")
         lines.append(f"| {stages}×{microbatches} | {free:.2f} s | {memory:.2f} s | {cell} | "
                      + " | ".join(chunked) + " |")
+        print(lines[-1], flush=True)
+    if args.random:
+        lines += ["", _soundness(args.random, args.threads)]
         print(lines[-1], flush=True)
     meta = (f"Measured with `python scripts/bench_bounds.py` on {os.cpu_count()} CPU cores, "
             f"{args.threads} solver threads, {args.time_limit:g} s per proof attempt "

@@ -86,7 +86,9 @@ def test_a_chunked_pipeoffload_brings_a_linear_one_for_the_offload_model() -> No
     assert linear.schedule.offloads
 
 
-def _random_problem(seed: int) -> Problem:
+def random_problem(seed: int) -> Problem:
+    """A small problem with uneven stages and a tight budget (also used by
+    scripts/bench_bounds.py --random)."""
     import random
     rng = random.Random(seed)
     S, M = rng.choice([2, 3, 4]), rng.choice([3, 4, 5, 6])
@@ -106,7 +108,7 @@ def _random_problem(seed: int) -> Problem:
 def test_memory_bound_never_exceeds_a_proven_optimum(seed: int) -> None:
     """The bound against CP-SAT's proven optimum (one stage per device, no offload)."""
     from optpipe.optimizer.cpsat import solve_cpsat
-    problem = _random_problem(seed)
+    problem = random_problem(seed)
     for split in (True, False):
         result = solve_cpsat(problem, time_limit=20, split_backward=split, decompose=False)
         assert result.status == "optimal"
@@ -144,7 +146,7 @@ def test_chunked_memory_bound_never_exceeds_a_proven_optimum(seed: int) -> None:
     """The V-shape and interleaved bounds against CP-SAT's proven optimum there."""
     from optpipe.optimizer.cpsat import solve_cpsat
     from optpipe.optimizer.periodic import periodic_schedules
-    problem = _random_problem(seed)
+    problem = random_problem(seed)
     for shape, make in sorted(CHUNKED.items()):
         place = make(problem.devices)
         for split in (True, False):
