@@ -557,11 +557,8 @@ def memory_implied_orders(problem: Problem, split_backward: bool = True,
     (and ``W_{n_W-1}``) must end before ``F_i`` starts. Engines add these as hard
     precedences: they expose the round-trip cycle that bounds a memory-bound pipeline.
     Not valid when offload is allowed (an offload frees memory without backward work).
-    With several stages per device, a stage's row also counts the earlier stages ``u``
-    on its device (upstream for the same microbatch, as :func:`_shared_ready`): they
-    hold ``F(u, 0..i)`` and can have freed at most what their first ``n_B`` microbatches
-    held (those backwards need ``B(s, j)`` first), so ``A`` and ``fb`` grow by their
-    activations; later stages only use more and are left out.
+    With several stages per device each stage is taken alone against its device's
+    room (still valid, other stages only use more).
     """
     _require_base(problem)
     place = list(range(problem.devices))
@@ -570,12 +567,9 @@ def memory_implied_orders(problem: Problem, split_backward: bool = True,
         place = list(placement)
     out: list[tuple[Key, Key]] = []
     for s in range(problem.stages):
-        upstream = sum(problem.activation[u] for u in range(s) if place[u] == place[s])
-        a = problem.activation[s] + upstream
-        fb = (problem.freed_by_b[s] if split_backward else problem.activation[s]) + upstream
-        fw = problem.freed_by_w[s] if split_backward else 0
+        a, fb, fw = problem.activation[s], problem.freed_by_b[s], problem.freed_by_w[s]
         room = problem.budget[place[s]] - problem.static[place[s]]
-        if problem.activation[s] == 0 or not math.isfinite(room):
+        if a == 0 or not math.isfinite(room):
             continue
         room_i = int(math.floor(room))
         for i in range(problem.microbatches):
