@@ -310,38 +310,40 @@ def _release_options(problem: Problem, s: int, i: int, split_backward: bool
     return out
 
 
-def device_ancestor_work(graph: TaskGraph, order: Sequence[Key]) -> dict[Key, float]:
+def device_ancestor_work(graph: TaskGraph) -> dict[Key, float]:
     """Per task, the summed durations of its ancestors on its own device.
 
     Why: every one of them must have run, one at a time, on that device before the task
     starts — a rule the longest path misses when the device is busy (the backwards of a
-    memory-bound stage wait behind its forwards). Ancestors follow ``deps`` and the
-    FIFO ``chains``, so per (op, stage) they are a prefix of the microbatches; a vector
-    of prefix lengths per task, merged with ``max`` along the edges, counts them.
-    ``order`` must list predecessors first.
+    memory-bound stage wait behind its forwards). Data dependencies stay within a
+    microbatch and the FIFO chains link microbatch ``j - 1`` to ``j`` of one (op,
+    stage), so ``(op', s', j')`` is an ancestor of ``(op, s, j)`` exactly when ``j' <=
+    j`` and ``(op', s')`` precedes ``(op, s)`` within one microbatch, or it is the same
+    (op, stage) with ``j' < j``: the work is ``(j+1) x`` the former's durations on the
+    device plus ``j x`` its own — no per-task closure needed.
     """
-    import numpy as np
+    pairs = sorted({(k[0], k[1]) for k in graph.keys}, key=lambda x: (x[1], x[0].value))
+    parents: dict[tuple[Op, int], list[tuple[Op, int]]] = {pair: [] for pair in pairs}
+    for (op, s, m), preds in graph.deps.items():
+        if m == 0:
+            parents[(op, s)] += [(p[0], p[1]) for p, _ in preds]
+    ancestors: dict[tuple[Op, int], set[tuple[Op, int]]] = {}
 
-    pairs = [(op, s) for s in range(graph.problem.stages) for op in graph.ops]
-    index = {pair: n for n, pair in enumerate(pairs)}
-    weight = np.zeros((graph.devices, len(pairs)))
-    for (op, s), n in index.items():
-        weight[graph.device((op, s, 0)), n] = graph.duration[(op, s, 0)]
-    preds: dict[Key, list[Key]] = {k: [p for p, _ in graph.deps[k]] for k in graph.keys}
-    for chain in graph.chains:
-        for a, b in zip(chain, chain[1:]):
-            preds[b].append(a)
-    counts: dict[Key, Any] = {}
-    work: dict[Key, float] = {}
-    for k in order:
-        vec = np.zeros(len(pairs))
-        for p in preds[k]:
-            np.maximum(vec, counts[p], out=vec)
-            n = index[(p[0], p[1])]
-            vec[n] = max(vec[n], p[2] + 1)
-        counts[k] = vec
-        work[k] = float(weight[graph.device(k)] @ vec)
-    return work
+    def collect(pair: tuple[Op, int]) -> set[tuple[Op, int]]:
+        if pair not in ancestors:
+            found: set[tuple[Op, int]] = set()
+            for parent in parents[pair]:
+                found |= {parent} | collect(parent)
+            ancestors[pair] = found
+        return ancestors[pair]
+
+    per_microbatch = {}
+    for op, s in pairs:
+        d = graph.device((op, s, 0))
+        per_microbatch[(op, s)] = sum(graph.duration[(o, u, 0)] for o, u in collect((op, s))
+                                      if graph.device((o, u, 0)) == d)
+    return {k: (k[2] + 1) * per_microbatch[(k[0], k[1])] + k[2] * graph.duration[k]
+            for k in graph.keys}
 
 
 def memory_bound(graph: TaskGraph) -> float:
@@ -385,9 +387,11 @@ def memory_bound(graph: TaskGraph) -> float:
     tail = tails(graph)
     best = base
     M = p.microbatches
-    before = device_ancestor_work(graph, order)
+    before = device_ancestor_work(graph)
+    ends: dict[tuple[Op, int], list[float]] = {}    # per (backward op, stage), j order
+    on = {d: graph.stages_on(d) for d in range(graph.devices)}
     # every task of a device descends from its first forward (of its earliest stage)
-    first = {d: (Op.F, min(graph.stages_on(d)), 0) for d in range(graph.devices)}
+    first = {d: (Op.F, min(on[d]), 0) for d in range(graph.devices)}
     for k in order:
         t = 0.0
         for pred, lag in graph.deps[k]:
@@ -398,7 +402,7 @@ def memory_bound(graph: TaskGraph) -> float:
             t = max(t, es[first[graph.device(k)]] + before[k])
         op, s, i = k
         if op == Op.F and graph.placement:
-            t = max(t, _shared_ready(graph, es, s, i))
+            t = max(t, _shared_ready(graph, es, ends, on[graph.device(k)], s, i))
         options = _release_options(p, s, i, graph.split_backward) \
             if op == Op.F and not graph.placement else None
         if options:
@@ -423,6 +427,8 @@ def memory_bound(graph: TaskGraph) -> float:
             if i == M - 1:
                 best = max(best, finish)
         es[k] = t
+        if op != Op.F:
+            ends.setdefault((op, s), []).append(t + dur[k])
         best = max(best, t + dur[k] + tail[k])
     return best
 
@@ -451,7 +457,9 @@ def _release_pieces(avail_b: int, avail_w: int, freed_b: float, freed_w: float,
     return pieces
 
 
-def _shared_ready(graph: TaskGraph, es: Mapping[Key, float], s: int, i: int) -> float:
+def _shared_ready(graph: TaskGraph, es: Mapping[Key, float],
+                  ends: Mapping[tuple[Op, int], list[float]], stages: Sequence[int],
+                  s: int, i: int) -> float:
     """Earliest start of ``F(s, i)`` on a device that holds several stages (a bound).
 
     Why it binds: the device's stages share its room, and when ``F(s, i)`` starts, every
@@ -466,13 +474,14 @@ def _shared_ready(graph: TaskGraph, es: Mapping[Key, float], s: int, i: int) -> 
     ``j`` it depends on (all distinct tasks) from its first possible start. Over the
     sets of releases that fit, with the device time relaxed to the LP over counts
     (:func:`_release_pieces`), the least of ``max(a, b)`` is a bound: scan the latest
-    end ``tau`` (a) — (b) only falls as more releases are available.
+    end ``tau`` (a) — (b) only falls as more releases are available. ``ends`` holds
+    the earliest ends of each stage's backwards so far, in microbatch order; ``stages``
+    those on the forward's device.
     """
     p = graph.problem
     dur = graph.duration
     d = graph.device((Op.F, s, 0))
     room = p.budget[d] - p.static[d]
-    stages = graph.stages_on(d)
     lower = [u for u in stages if u < s]
     need = (i + 1) * (p.activation[s] + sum(p.activation[u] for u in lower)) - room
     if not math.isfinite(room) or need <= 0 or i == 0:
@@ -483,19 +492,19 @@ def _shared_ready(graph: TaskGraph, es: Mapping[Key, float], s: int, i: int) -> 
     head = es[(Op.F, min(stages), 0)] + i * dur[(Op.F, s, 0)] + \
         (i + 1) * sum(dur[(Op.F, u, 0)] for u in lower)
     # per releasing stage: the earliest ends of its B's and W's (j < i, non-decreasing)
-    ends = []
+    releasing = []
     for u in [s] + lower:
-        b_end = [es[(bwd, u, j)] + dur[(bwd, u, j)] for j in range(i)]
-        w_end = [es[(Op.W, u, j)] + dur[(Op.W, u, j)] for j in range(i)] if split else []
+        b_end = ends.get((bwd, u), [])[:i]
+        w_end = ends.get((Op.W, u), [])[:i] if split else []
         cost_b = dur[(bwd, u, 0)] + (upper_work if u == s else 0.0)
         cost_w = dur[(Op.W, u, 0)] if split else 0.0
         freed_b = p.freed_by_b[u] if split else p.activation[u]
         freed_w = p.freed_by_w[u] if split else 0
-        ends.append((b_end, w_end, freed_b, freed_w, cost_b, cost_w))
+        releasing.append((b_end, w_end, freed_b, freed_w, cost_b, cost_w))
 
     def device_time(tau: float) -> float:
         pieces = []
-        for b_end, w_end, freed_b, freed_w, cost_b, cost_w in ends:
+        for b_end, w_end, freed_b, freed_w, cost_b, cost_w in releasing:
             pieces += _release_pieces(bisect.bisect_right(b_end, tau),
                                       bisect.bisect_right(w_end, tau),
                                       freed_b, freed_w, cost_b, cost_w)
@@ -508,7 +517,7 @@ def _shared_ready(graph: TaskGraph, es: Mapping[Key, float], s: int, i: int) -> 
                 return head + spent
         return math.inf
 
-    taus = sorted({x for e in ends for x in e[0] + e[1]})
+    taus = sorted([x for e in releasing for part in e[:2] for x in part])   # sorted runs
     lo, hi = 0, len(taus) - 1                 # first tau with tau >= device_time(tau)
     if not taus or device_time(taus[-1]) == math.inf:
         return 0.0                            # no fitting schedule: say nothing
