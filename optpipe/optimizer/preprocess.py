@@ -376,7 +376,8 @@ def memory_bound(graph: TaskGraph) -> float:
     base = lower_bound(graph)
     p = graph.problem
     dur = graph.duration
-    bwd = Op.B if graph.split_backward else Op.BW
+    split = graph.split_backward
+    bwd = Op.B if split else Op.BW
     pos = {k: n for n, k in enumerate(graph.topological())}
     order = sorted(graph.keys, key=lambda k: (k[2], pos[k]))
     chain_pred: dict[Key, Key] = {}
@@ -403,29 +404,27 @@ def memory_bound(graph: TaskGraph) -> float:
         op, s, i = k
         if op == Op.F and graph.placement:
             t = max(t, _shared_ready(graph, es, ends, on[graph.device(k)], s, i))
-        options = _release_options(p, s, i, graph.split_backward) \
+        options = _release_options(p, s, i, split) \
             if op == Op.F and not graph.placement else None
         if options:
             f, b = dur[(Op.F, s, 0)], dur[(bwd, s, 0)]
-            w = dur[(Op.W, s, 0)] if graph.split_backward else 0.0
-            cheapest, finish = math.inf, math.inf
-            for n_b, n_w in options:
-                def ready(n_w: int) -> float:
-                    at = es[(Op.F, s, 0)] + i * f + n_b * b + n_w * w
-                    if n_b:
-                        at = max(at, es[(bwd, s, n_b - 1)] + b)
-                    if n_w:
-                        at = max(at, es[(Op.W, s, n_w - 1)] + w)
-                    return at
-                cheapest = min(cheapest, ready(n_w))
-                if i == M - 1:
-                    # the schedule may have run more W's than the option needs before
-                    # this forward (while waiting for the last B), leaving fewer after
-                    finish = min(finish, min(ready(m) + f + (M - n_b) * b + (M - m) * w
-                                             for m in range(n_w, (n_b if graph.split_backward else n_w) + 1)))
-            t = max(t, cheapest)
+            w = dur[(Op.W, s, 0)] if split else 0.0
+
+            def ready(n_b: int, n_w: int) -> float:
+                at = es[(Op.F, s, 0)] + i * f + n_b * b + n_w * w
+                if n_b:
+                    at = max(at, es[(bwd, s, n_b - 1)] + b)
+                if n_w:
+                    at = max(at, es[(Op.W, s, n_w - 1)] + w)
+                return at
+            cheapest = min(ready(n_b, n_w) for n_b, n_w in options)
             if i == M - 1:
-                best = max(best, finish)
+                # the schedule may have run more W's than an option needs before this
+                # forward (while waiting for the last B), leaving fewer after it
+                best = max(best, min(ready(n_b, m) + f + (M - n_b) * b + (M - m) * w
+                                     for n_b, n_w in options
+                                     for m in range(n_w, (n_b if split else n_w) + 1)))
+            t = max(t, cheapest)
         es[k] = t
         if op != Op.F:
             ends.setdefault((op, s), []).append(t + dur[k])
