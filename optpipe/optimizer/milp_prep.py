@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from optpipe.errors import InfeasibleError
-from optpipe.optimizer.preprocess import Key, TaskGraph, memory_bound
+from optpipe.optimizer.preprocess import (Key, TaskGraph, memory_bound,
+                                          preemptive_single_machine)
 from optpipe.problem import Problem
 from optpipe.schedule import Action, Op, Schedule, linear_placement
 
@@ -252,7 +253,8 @@ def prepare(problem: Problem, graph: TaskGraph, horizon: float, *,
                     free_pairs.append(pair)
     lb = max(est[a] + tail[a] for a in range(N))
     for d_tasks in device_tasks:
-        lb = max(lb, _carlier_bound([(est[a], dur[a], tail[a] - dur[a]) for a in d_tasks]))
+        lb = max(lb, preemptive_single_machine((est[a], dur[a], tail[a] - dur[a])
+                                               for a in d_tasks))
     if use_memory:                    # the memory round trip, shared with CP-SAT
         lb = max(lb, memory_bound(graph))
     stats["free_pairs"] = len(free_pairs)
@@ -294,20 +296,6 @@ def _head_bound(items: list[tuple[float, float]]) -> float:
     for release, length in items:
         total += length
         best = max(best, release + total)
-    return best
-
-
-def _carlier_bound(items: list[tuple[float, float, float]]) -> float:
-    """One-machine bound: max over job subsets of min head + total length + min tail."""
-    heads = sorted({h for h, _, _ in items})
-    best = 0.0
-    for h in heads:
-        sub = [(p, q) for hh, p, q in items if hh >= h - 1e-12]
-        sub.sort(key=lambda x: x[1], reverse=True)
-        total = 0.0
-        for p, q in sub:
-            total += p
-            best = max(best, h + total + q)
     return best
 
 

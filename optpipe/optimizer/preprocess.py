@@ -29,6 +29,7 @@ Keys are ``(Op, stage, microbatch)`` tuples, the same as :attr:`Action.key`.
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
@@ -248,18 +249,17 @@ def lower_bound(graph: TaskGraph) -> float:
     """A makespan no schedule can beat, whatever the memory budget.
 
     The larger of: the critical path of the task graph (one microbatch's round trip plus
-    FIFO effects), and per device, the time before its first forward can start + all of
-    its work + the backward chain that must still run on upstream devices after its
-    last input-gradient (which only its own weight-gradient work can overlap).
+    FIFO effects); per device, its one-machine bound with heads and tails
+    (:func:`device_bound`: e.g. the time before its first forward can start + all of its
+    work + the least tail); and for one stage per device, the time before its first
+    forward + its work + the backward chain that must still run on upstream devices
+    after its last input-gradient (which only its own weight-gradient work can overlap).
     """
     es = earliest_starts(graph)
     best = max(es[k] + graph.duration[k] for k in graph.keys)
-    if graph.placement:   # several stages per device: head + work + tail per device
-        tail = tails(graph)
-        for d in range(graph.devices):
-            keys = graph.device_keys(d)
-            best = max(best, min(es[k] for k in keys) + sum(graph.duration[k] for k in keys)
-                       + min(tail[k] for k in keys))
+    # per device, the strongest head + work + tail over any subset of its tasks
+    best = max(best, device_bound(graph, es, tails(graph)))
+    if graph.placement:
         return best
     p = graph.problem
     S, M = p.stages, p.microbatches
@@ -278,6 +278,51 @@ def lower_bound(graph: TaskGraph) -> float:
             bound = head + M * (f + bw) + chain
         best = max(best, bound)
     return best
+
+
+def preemptive_single_machine(jobs: Iterable[tuple[float, float, float]]) -> float:
+    """Least ``max(completion + tail)`` of ``(release, duration, tail)`` jobs on one
+    machine when jobs may be preempted: Jackson's preemptive schedule (always run the
+    released job with the longest tail), which is optimal for it.
+
+    Why: it equals the strongest "head + body + tail" bound over every subset of the
+    jobs (least release + summed durations + least tail), in O(n log n).
+    """
+    order = sorted(jobs)
+    heap: list[tuple[float, int]] = []
+    left: dict[int, float] = {}
+    t, i, best = 0.0, 0, 0.0
+    while i < len(order) or heap:
+        if not heap:
+            t = max(t, order[i][0])
+        while i < len(order) and order[i][0] <= t:
+            release, length, tail = order[i]
+            left[i] = length
+            heapq.heappush(heap, (-tail, i))
+            i += 1
+        neg_tail, j = heap[0]
+        run = min(left[j], (order[i][0] if i < len(order) else math.inf) - t)
+        t += run
+        left[j] -= run
+        if left[j] <= 1e-12:
+            heapq.heappop(heap)
+            best = max(best, t - neg_tail)
+    return best
+
+
+def device_bound(graph: TaskGraph, es: Mapping[Key, float],
+                 tail: Mapping[Key, float]) -> float:
+    """The largest, over devices, single-machine bound of its tasks with releases ``es``
+    and tails ``tail`` (:func:`preemptive_single_machine`).
+
+    Why: a device runs one task at a time, so its tasks form a one-machine problem with
+    heads and tails, whose preemptive optimum bounds the makespan. It dominates "first
+    start + all work + least tail": tasks released late with long tails (a chunked
+    device's later stages, or backwards behind a memory round trip) are counted.
+    """
+    return max(preemptive_single_machine((es[k], graph.duration[k], tail[k])
+                                         for k in graph.device_keys(d))
+               for d in range(graph.devices))
 
 
 def _release_options(problem: Problem, s: int, i: int, split_backward: bool
@@ -429,7 +474,7 @@ def memory_bound(graph: TaskGraph) -> float:
         if op != Op.F:
             ends.setdefault((op, s), []).append(t + dur[k])
         best = max(best, t + dur[k] + tail[k])
-    return best
+    return max(best, device_bound(graph, es, tail))
 
 
 def _release_pieces(avail_b: int, avail_w: int, freed_b: float, freed_w: float,
