@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import math
+import time
 
 import pytest
 
@@ -139,11 +140,8 @@ def _all_fifo_schedules(problem: Problem, split: bool):
                        placement=linear_placement(S), actions=[list(c) for c in combo])
 
 
-@pytest.mark.parametrize("split,shape,k", [(True, (2, 2), 1), (True, (2, 2), 2),
-                                           (False, (3, 3), 1), (False, (3, 3), 2)])
-def test_matches_brute_force(split: bool, shape: tuple[int, int], k: float) -> None:
-    """The proven optimum equals the best of all FIFO schedules the simulator accepts."""
-    problem = uniform_problem(*shape, backward_weight=0.5, p2p=0.1).activation_budget(k)
+def _brute_force_best(problem: Problem, split: bool) -> float:
+    """The least makespan over every valid FIFO schedule that fits the budget."""
     best = math.inf
     for sch in _all_fifo_schedules(problem, split):
         try:
@@ -152,12 +150,71 @@ def test_matches_brute_force(split: bool, shape: tuple[int, int], k: float) -> N
             continue
         if sim.fits:
             best = min(best, sim.makespan)
+    return best
+
+
+@pytest.mark.parametrize("split,shape,k", [(True, (2, 2), 1), (True, (2, 2), 2),
+                                           (False, (3, 3), 1), (False, (3, 3), 2)])
+def test_matches_brute_force(split: bool, shape: tuple[int, int], k: float) -> None:
+    """The proven optimum equals the best of all FIFO schedules the simulator accepts."""
+    problem = uniform_problem(*shape, backward_weight=0.5, p2p=0.1).activation_budget(k)
+    best = _brute_force_best(problem, split)
     for form in ("disjunctive", "auto"):
         res = solve_milp(problem, time_limit=TL, split_backward=split, formulation=form,
                          own_heuristics=False)
         check(problem, res)
         assert res.status == OPTIMAL
         assert res.objective == pytest.approx(best, rel=1e-9), form
+
+
+@pytest.mark.parametrize("split,shape,k", [(True, (2, 2), 1), (False, (3, 3), 1)])
+def test_horizon_probes_match_brute_force(split: bool, shape: tuple[int, int],
+                                          k: float) -> None:
+    """The horizon-probe search (the portfolio's second HiGHS search on a tick grid),
+    started from a zero bound and a horizon 1.5x the optimum, ends proven at the best
+    of all FIFO schedules, and the schedule it found simulates to that makespan in
+    budget."""
+    from optpipe.optimizer.milp import _Probes, _probe_search, _Silent
+    from optpipe.optimizer.preprocess import sequential_schedule, task_graph
+
+    problem = uniform_problem(*shape, backward_weight=0.5, p2p=0.1).activation_budget(k)
+    best = _brute_force_best(problem, split)
+    # the sequential schedule ends within 1.5x of the optimum here: the probes start
+    # from 1.5x the optimum (on the grid), so they must find a schedule themselves
+    upper = simulate(problem, sequential_schedule(problem, split)).makespan
+    assert upper <= 1.5 * best
+    upper = round(1.5 * best / 0.05) * 0.05
+    run = _probe_search(_Probes(problem, task_graph(problem, split), 0.0, upper, 0.05),
+                        time.perf_counter() + TL, 0.0, 1, _Silent())
+    assert run.optimal and run.objective == pytest.approx(best)
+    assert run.bound == pytest.approx(best)
+    sim = simulate(problem, run.schedule)
+    assert sim.fits and sim.makespan == pytest.approx(best)
+    outcomes = [outcome for _, outcome in run.extra["probes"]]
+    assert outcomes[-1] == "optimal" and all(o.startswith("infeasible") or
+                                             o == "schedule found" for o in outcomes[:-1])
+
+
+def test_horizon_probes_prove_a_memory_bound_pipeline() -> None:
+    """4 x 8 at two activations with p2p: the probes alone prove CP-SAT's optimum."""
+    from optpipe.optimizer.cpsat import solve_cpsat
+    from optpipe.optimizer.milp import _Probes, _probe_search, _Silent
+    from optpipe.optimizer.preprocess import fixed_schedules, lower_bound, task_graph
+
+    problem = uniform_problem(4, 8, backward_weight=1.0, p2p=0.05).activation_budget(2)
+    exact = solve_cpsat(problem, time_limit=TL, decompose=False)
+    assert exact.status == OPTIMAL
+    graph = task_graph(problem)
+    upper = min(c.makespan for c in fixed_schedules(problem).candidates
+                if c.fits and not c.schedule.offloads
+                and list(c.schedule.placement) == linear_placement(4))
+    run = _probe_search(_Probes(problem, graph, lower_bound(graph), upper, 0.05),
+                        time.perf_counter() + 3 * TL, 0.0, 1, _Silent())
+    assert run.optimal and run.bound == pytest.approx(exact.objective)
+    if run.has_solution:
+        assert simulate(problem, run.schedule).makespan == pytest.approx(exact.objective)
+    else:                                       # the fixed schedule was optimal already
+        assert upper == pytest.approx(exact.objective)
 
 
 def test_memory_bound_beats_capped_1f1b() -> None:

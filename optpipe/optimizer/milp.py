@@ -167,7 +167,8 @@ def solve_milp(problem: Problem, *, warm_start: Schedule | None = None,
     extra.update(run.extra)
     best_sched, best_res = incumbent.schedule, incumbent.result
     if run.has_solution:
-        sched = run.model.extract(name="milp", provenance={})
+        sched = (run.schedule if run.schedule is not None
+                 else run.model.extract(name="milp", provenance={}))
         res = simulate(problem, sched)
         if not res.fits:  # pragma: no cover - the model and simulator disagree: a bug
             extra["rejected"] = (f"extracted schedule peaks at {res.peak_memory}, over "
@@ -897,17 +898,33 @@ def _topological_by(tasks: list[int], win: Windows, key: Callable[[int], Any]) -
 
 # ================================================================ solvers
 def _free_cores() -> float:
-    """CPUs not busy with other work, judged by the 1-minute load average.
+    """CPUs not busy with other work right now.
 
     Why: the portfolio's two searches only pay off when each gets a core; on a machine
     already busy, two searches halve each other's speed and one search is faster.
+    Measured as the idle share of all CPUs over a quarter second (``/proc/stat``; this
+    process sleeps meanwhile), not by the load average, which trails by minutes: after
+    a previous solve it still reported two busy cores on an idle machine, and the
+    second search was dropped.
     """
     import os
 
+    def idle_total() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+        return fields[3] + fields[4], sum(fields)     # idle + iowait, all
+
+    cpus = float(os.cpu_count() or 1)
     try:
-        return (os.cpu_count() or 1) - os.getloadavg()[0]
-    except (AttributeError, OSError):  # pragma: no cover - no load average (Windows)
-        return float(os.cpu_count() or 1)
+        idle0, total0 = idle_total()
+        time.sleep(0.25)
+        idle1, total1 = idle_total()
+        return cpus * (idle1 - idle0) / max(1, total1 - total0)
+    except (OSError, ValueError, IndexError):
+        try:
+            return cpus - os.getloadavg()[0]
+        except (AttributeError, OSError):  # pragma: no cover - no load average (Windows)
+            return cpus
 
 
 @dataclass
@@ -919,6 +936,7 @@ class _Task:
     warm: bool
     options: dict[str, Any]
     restricted: Optional[float] = None
+    probes: Optional["_Probes"] = None     # a horizon-probe search instead of one model
 
 
 def _second_task(problem: Problem, graph: TaskGraph, model: Any, win: Windows,
@@ -928,12 +946,18 @@ def _second_task(problem: Problem, graph: TaskGraph, model: Any, win: Windows,
     Time-indexed: the same model over a horizon one tick shorter than the warm start.
     Why: every better schedule ends at least one tick earlier, so this model keeps all
     of them while its windows (hence fixed counts) are tighter; its optimum is the
-    global optimum and its infeasibility proves the warm start optimal. Otherwise (a
-    continuous objective): the same model with another seed.
+    global optimum and its infeasibility proves the warm start optimal. Disjunctive,
+    when every duration and lag is a whole number of ticks: horizon probes
+    (:func:`_probe_search`). Otherwise: the same model with another seed.
     """
-    if model.formulation != "time-indexed":
-        return _Task(model, warm, PORTFOLIO[1])
     from optpipe.optimizer import milp_ti
+
+    if model.formulation != "time-indexed":
+        tick = milp_ti.tick_for(problem, graph)
+        if tick is None or model.offload:
+            return _Task(model, warm, PORTFOLIO[1])
+        return _Task(None, False, PORTFOLIO[0],
+                     probes=_Probes(problem, graph, win.lower_bound, horizon, tick))
 
     tick = model.unit
     shorter = horizon - tick
@@ -955,6 +979,7 @@ def _second_task(problem: Problem, graph: TaskGraph, model: Any, win: Windows,
 @dataclass
 class _Run:
     model: Any = None
+    schedule: Optional[Schedule] = None   # found by a probe (whose model stays in a child)
     has_solution: bool = False
     optimal: bool = False
     objective: float = math.inf
@@ -1001,6 +1026,90 @@ def _run_solver(tasks: list[_Task], solver: str, deadline: float, gap: float,
     return run
 
 
+@dataclass
+class _Probes:
+    """What a horizon-probe search needs: the problem, its bounds and its time grid."""
+
+    problem: Problem
+    graph: TaskGraph
+    lower: float        # proven lower bound (seconds)
+    upper: float        # makespan of the warm start (seconds)
+    tick: float         # every makespan is a whole number of these
+
+
+def _probe_search(probes: _Probes, deadline: float, gap: float, threads: int,
+                  report: Any) -> _Run:
+    """Bisect the makespan with models restricted to a horizon ("is there a schedule
+    that ends by h?").
+
+    Why: on memory-bound pipelines HiGHS's optimization stalls a few percent above its
+    bound until it stumbles on a near-optimal schedule, while a model whose horizon is
+    just below the optimum has such tight windows that its infeasibility is proven
+    quickly (8 x 16 at S/2 with p2p: 4 s at 80.25 s, 25 s at 81.85 s), and one just
+    above it finds and proves the optimum (32 s at 81.95 s, optimum 81.9 s). Every
+    makespan is a whole number of ticks, so an infeasible probe at ``h`` lifts the
+    bound to the next tick; a probe that ends optimal has the global optimum (every
+    better schedule is inside its horizon); one that only finds a schedule lowers the
+    upper end. Stops when the two meet, at the deadline, or when a probe ends with
+    neither answer.
+    """
+    p = probes
+    lo = int(math.ceil(p.lower / p.tick - 1e-6))       # ticks: the optimum lies in [lo, hi]
+    hi = int(round(p.upper / p.tick))
+    run = _Run(bound=lo * p.tick)
+    probes_run: list[tuple[float, str]] = []
+    within_gap = False
+    while lo < hi and deadline - time.perf_counter() > 1.0:
+        mid = (lo + hi) // 2
+        h = mid * p.tick
+        try:
+            win = milp_prep.prepare(p.problem, p.graph, h, use_memory=True)
+            if win.lower_bound > h * (1 + 1e-9):
+                raise milp_prep.HorizonTooSmall("the bounds exceed the horizon")
+        except milp_prep.HorizonTooSmall:
+            lo = mid + 1
+            probes_run.append((h, "infeasible (preprocessing)"))
+            report.emit(run.objective if run.has_solution else None, lo * p.tick, None)
+            continue
+        model = _DisjunctiveModel(p.problem, p.graph, win, offload=False)
+        probe = _HighsJob(model, gap, False).run(deadline, threads, _Silent(),
+                                                 PORTFOLIO[0])
+        if probe.has_solution:
+            hi = min(hi, int(round(probe.objective / p.tick)))
+            run.has_solution, run.objective = True, hi * p.tick
+            run.schedule = model.extract(name="milp", provenance={})
+            probes_run.append((h, "optimal" if probe.optimal else "schedule found"))
+            if probe.optimal:          # the restricted optimum is the global one
+                # (within ``gap``, which is what HiGHS's optimal status guarantees)
+                proven = max(probe.bound or 0.0, hi * p.tick * (1 - gap))
+                lo = max(lo, int(math.ceil(proven / p.tick - 1e-6)))
+                within_gap = True
+                break
+        elif probe.error:              # infeasible: nothing ends by h
+            lo = mid + 1
+            probes_run.append((h, "infeasible"))
+        else:
+            probes_run.append((h, "no answer"))
+            break
+        report.emit(run.objective if run.has_solution else None, lo * p.tick, None)
+    run.bound = min(lo, hi) * p.tick
+    run.optimal = lo >= hi or within_gap
+    run.extra["probes"] = probes_run
+    run.message = (f"HiGHS horizon probes: {len(probes_run)}"
+                   + (", optimal" if run.optimal else ""))
+    return run
+
+
+class _Silent:
+    """A progress sink that drops everything (a probe's own incumbents are not global)."""
+
+    def elapsed(self) -> float:
+        return 0.0
+
+    def emit(self, incumbent: float | None, bound: float | None, gap: float | None) -> None:
+        pass
+
+
 #: HiGHS settings of the portfolio's searches
 PORTFOLIO = ({"random_seed": 0}, {"random_seed": 1, "mip_heuristic_effort": 0.02})
 
@@ -1018,7 +1127,7 @@ def _run_highs_portfolio(tasks: list[_Task], deadline: float, gap: float, thread
     """
     import multiprocessing as mp
 
-    jobs = [_HighsJob(t.model, gap, t.warm) for t in tasks]
+    jobs = [_HighsJob(t.model, gap, t.warm) if t.probes is None else None for t in tasks]
     # one task runs in a child too: HiGHS can run far past its time limit (20 s over a
     # 52 s limit at 16 x 64, in presolve and the root LP), and only a child can be
     # stopped at the backstop
@@ -1035,6 +1144,11 @@ def _run_highs_portfolio(tasks: list[_Task], deadline: float, gap: float, thread
 
     def work(idx: int) -> None:
         try:
+            probes = tasks[idx].probes
+            if probes is not None:
+                run = _probe_search(probes, deadline, gap, per, _QueueReport(queue, idx))
+                queue.put(("done", idx, run, None))
+                return
             run = jobs[idx].run(deadline, per, _QueueReport(queue, idx), tasks[idx].options)
             m = tasks[idx].model.m
             values = ([v.value for v in m.component_data_objects(pyo.Var)]
@@ -1092,9 +1206,12 @@ def _run_highs_portfolio(tasks: list[_Task], deadline: float, gap: float, thread
     with_sol = [(i, r, v) for i, (r, v) in done.items() if r.has_solution]
     if with_sol:
         idx, run, values = min(with_sol, key=lambda x: (not x[1].optimal, x[1].objective))
-        for var, val in zip(tasks[idx].model.m.component_data_objects(pyo.Var), values):
-            var.set_value(val, skip_validation=True)
-        run.model = tasks[idx].model
+        if values is not None:
+            for var, val in zip(tasks[idx].model.m.component_data_objects(pyo.Var), values):
+                var.set_value(val, skip_validation=True)
+            run.model = tasks[idx].model
+        else:                       # a probe's schedule travelled as a schedule
+            run.model = tasks[0].model
     else:
         idx, (run, _) = next(iter(done.items()))
         run.model = tasks[0].model

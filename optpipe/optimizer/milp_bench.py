@@ -1,9 +1,9 @@
 """Measure the MILP engine on the benchmark grid of issue #5 and print a table.
 
 Run ``python -m optpipe.optimizer.milp_bench`` (options: ``--time-limit``, ``--solver``,
-``--formulation``, ``--only S,M,W,k``). Every row is a fresh solve of a uniform problem
-(F = B = 1, W as listed, ``p2p`` 0) whose budget is static + ``k`` microbatches' worth of
-kept activations (:meth:`Problem.activation_budget`); the makespan column is the
+``--formulation``, ``--only S,M,W,k``, ``--p2p``). Every row is a fresh solve of a
+uniform problem (F = B = 1, W as listed, ``p2p`` 0 unless given) whose budget is
+static + ``k`` microbatches' worth of kept activations (:meth:`Problem.activation_budget`); the makespan column is the
 *simulated* makespan of the returned schedule, and ``fits`` says the simulator found it
 within budget. Why a module and not a test: it takes minutes, and its figures go into
 ``docs/milp.md`` verbatim.
@@ -31,6 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--solver", default="highs")
     ap.add_argument("--formulation", default="auto")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--p2p", type=float, default=0.0,
+                    help="p2p latency in seconds (0.05: scripts/bench_solver.py's problem)")
     ap.add_argument("--only", action="append", default=[],
                     help="S,M,W,k (repeatable), e.g. 8,16,0.5,4")
     ap.add_argument("--issue-example", action="store_true",
@@ -48,13 +50,14 @@ def main(argv: list[str] | None = None) -> int:
             for W in (1.0, 0.5):
                 for k in (S / 2, 2 * S):
                     rows.append((S, M, W, k))
-    print(f"load average at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
+    print(f"load average at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs; "
+          f"p2p {args.p2p:g} s")
     print(f"{'S':>2} {'M':>3} {'W':>4} {'k':>4} | {'form':>12} {'status':>8} "
           f"{'makespan':>9} {'bound':>9} {'gap%':>6} {'time s':>7} {'cpu s':>6} {'fits':>5} "
           f"{'start':>9}")
     worst = 0.0
     for S, M, W, k in rows:
-        problem = uniform_problem(S, M, backward_weight=W).activation_budget(k)
+        problem = uniform_problem(S, M, backward_weight=W, p2p=args.p2p).activation_budget(k)
         t0 = time.perf_counter()
         c0 = _cpu()
         res = solve_milp(problem, time_limit=args.time_limit, solver=args.solver,

@@ -325,16 +325,18 @@ def device_bound(graph: TaskGraph, es: Mapping[Key, float],
                for d in range(graph.devices))
 
 
-def _release_options(problem: Problem, s: int, i: int, split_backward: bool
-                     ) -> list[tuple[int, int]] | None:
+def _release_options(problem: Problem, s: int, i: int, split_backward: bool,
+                     device: int | None = None) -> list[tuple[int, int]] | None:
     """The least ``(n_B, n_W)`` (or ``(n_BW, 0)``) that let ``F(s, i)`` fit, or None.
 
     None means the budget does not bind at that forward. Each pair is minimal: ``n_B``
     from the fewest that could work up to ``i``, with the fewest ``n_W <= n_B`` that
-    then fit (the same row as :func:`memory_implied_orders`).
+    then fit. The row is ``(i+1)A - fb n_B - fw n_W <= room`` of stage ``s`` taken alone
+    against the room of ``device`` (default: ``s``, one stage per device).
     """
     a, fb, fw = problem.activation[s], problem.freed_by_b[s], problem.freed_by_w[s]
-    room = problem.budget[s] - problem.static[s]
+    d = s if device is None else device
+    room = problem.budget[d] - problem.static[d]
     if a == 0 or not math.isfinite(room):
         return None
     need = (i + 1) * a - int(math.floor(room))
@@ -609,9 +611,10 @@ def memory_implied_orders(problem: Problem, split_backward: bool = True,
     ``n_B >= need / (fb + fw)`` and ``n_W >= (need - fb i) / fw``; so ``B_{n_B-1}``
     (and ``W_{n_W-1}``) must end before ``F_i`` starts. Engines add these as hard
     precedences: they expose the round-trip cycle that bounds a memory-bound pipeline.
-    Not valid when offload is allowed (an offload frees memory without backward work).
-    With several stages per device each stage is taken alone against its device's
-    room (still valid, other stages only use more).
+    The rows are :func:`_release_options`' (the bound uses the same). Not valid when
+    offload is allowed (an offload frees memory without backward work). With several
+    stages per device each stage is taken alone against its device's room (still
+    valid, other stages only use more).
     """
     _require_base(problem)
     place = list(range(problem.devices))
@@ -620,28 +623,17 @@ def memory_implied_orders(problem: Problem, split_backward: bool = True,
         place = list(placement)
     out: list[tuple[Key, Key]] = []
     for s in range(problem.stages):
-        a, fb, fw = problem.activation[s], problem.freed_by_b[s], problem.freed_by_w[s]
-        room = problem.budget[place[s]] - problem.static[place[s]]
-        if a == 0 or not math.isfinite(room):
-            continue
-        room_i = int(math.floor(room))
         for i in range(problem.microbatches):
-            need = (i + 1) * a - room_i
-            if need <= 0:
+            # every option releases at least the fewest B's and the fewest W's of all
+            options = _release_options(problem, s, i, split_backward, place[s])
+            if not options:
                 continue
             f = (Op.F, s, i)
-            if not split_backward:
-                n = -(-need // a)
-                if n > 0:
-                    out.append(((Op.BW, s, min(n, i) - 1), f))
-                continue
-            n_b = -(-need // (fb + fw)) if fb + fw else 0
-            n_w = max(0, -(-(need - fb * i) // fw)) if fw else 0
-            n_b = max(n_b, n_w)
-            if n_b > 0:
-                out.append(((Op.B, s, min(n_b, i) - 1), f))
+            n_b = min(n for n, _ in options)
+            n_w = min(n for _, n in options)
+            out.append(((Op.B if split_backward else Op.BW, s, n_b - 1), f))
             if n_w > 0:
-                out.append(((Op.W, s, min(n_w, i) - 1), f))
+                out.append(((Op.W, s, n_w - 1), f))
     return out
 
 
