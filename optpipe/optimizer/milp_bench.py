@@ -3,10 +3,11 @@
 Run ``python -m optpipe.optimizer.milp_bench`` (options: ``--time-limit``, ``--solver``,
 ``--formulation``, ``--only S,M,W,k``, ``--p2p``). Every row is a fresh solve of a
 uniform problem (F = B = 1, W as listed, ``p2p`` 0 unless given) whose budget is
-static + ``k`` microbatches' worth of kept activations (:meth:`Problem.activation_budget`); the makespan column is the
-*simulated* makespan of the returned schedule, and ``fits`` says the simulator found it
-within budget. Why a module and not a test: it takes minutes, and its figures go into
-``docs/milp.md`` verbatim.
+static + ``k`` microbatches' worth of kept activations
+(:meth:`Problem.activation_budget`); the makespan column is the *simulated* makespan of
+the returned schedule, and ``fits`` says the simulator found it within budget. Why a
+module and not a test: it takes minutes, and its figures go into ``docs/milp.md``
+verbatim.
 """
 
 from __future__ import annotations
