@@ -50,7 +50,8 @@ from optpipe.schedule import Action, Op, Schedule
 
 ENGINE = "cpsat"
 #: Decompose (microbatch windows, :mod:`.decompose`) from this many stage x microbatch
-#: cells on, after the full model has had ``FULL_SHARE`` of the time limit.
+#: cells on, when memory binds, after the full model has had ``FULL_SHARE`` of the time
+#: limit.
 DECOMPOSE_MIN_CELLS = 128
 FULL_SHARE = 0.4
 WINDOW = 8
@@ -723,8 +724,10 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
     hint = _pick_hint(problem, ticks, offload, levels, starts)
     horizon = hint.makespan
     # without offload the memory round trip bounds one stage per device too
-    lower = int(math.ceil((lower_bound(ticks.graph) if offload else
-                           memory_bound(ticks.graph)) - 1e-9))
+    free = lower_bound(ticks.graph)
+    lower = int(math.ceil((free if offload else memory_bound(ticks.graph)) - 1e-9))
+    # the memory round trip bounds the makespan above the no-memory bound: memory binds
+    memory_binds = not offload and lower > math.ceil(free - 1e-9)
     lower = min(lower, horizon)
     if offload:
         builder, handles = build_tight_model(problem, ticks, horizon, lower, hint, levels)
@@ -735,7 +738,12 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
     params = solver.parameters
     deadline = t0 + time_limit
     if decompose is None:
-        decompose = (not offload and problem.microbatches >= 2 * WINDOW
+        # the window search finds the steady states of memory-bound pipelines; where
+        # memory does not bind (budget S and above) the full model alone did as well or
+        # better (V at S, 36 s: 16 x 32 112.95 against 113.05 s, 8 x 32 104.5 against
+        # 104.6, 16 x 64 equal) and can prove: interleaved 16 x 16 at 2S in 12 s, which
+        # the window search, after its 40% of a 14 s run, could not
+        decompose = (memory_binds and problem.microbatches >= 2 * WINDOW
                      and problem.stages * problem.microbatches >= DECOMPOSE_MIN_CELLS)
     full_share = FULL_SHARE if decompose else 1.0
     params.max_time_in_seconds = max(0.1, (deadline - time.monotonic()) * full_share)
