@@ -27,9 +27,10 @@ from optpipe.simulator import SimResult, simulate
 _PACKAGE = Path(__file__).resolve().parent.parent
 #: Bumped when the search changes what a time-limited solve finds (2: periodic blocks
 #: as warm starts; 3: pipeoffload on interleaved and V placements, the memory round-trip
-#: bound). A cached schedule from an older search that was not proven optimal is solved
+#: bound; 4: the one-machine bound, the window search only where memory binds, HiGHS's
+#: horizon probes). A cached schedule from an older search that was not proven optimal is solved
 #: again: the same problem and time limit may now give a faster one.
-SEARCH_REVISION = 3
+SEARCH_REVISION = 4
 
 
 def cache_dir() -> Path:
