@@ -402,7 +402,8 @@ def memory_bound(graph: TaskGraph) -> float:
     work that came before. Earliest starts are propagated microbatch by microbatch
     through the task graph with that rule added to every forward (every task a forward
     waits on belongs to an earlier microbatch), and the bound is the latest ``start +
-    duration + tail``. Every task also waits for its ancestors on its own device to
+    duration + tail``, or per device the one-machine bound over those starts
+    (:func:`device_bound`). Every task also waits for its ancestors on its own device to
     have run (:func:`device_ancestor_work`).
 
     * One stage per device: the release counts that let ``F(s, i)`` fit form a small
