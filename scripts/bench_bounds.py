@@ -51,10 +51,8 @@ def _size(text: str) -> tuple[int, int]:
 def _soundness(seeds: int, threads: int) -> str:
     """Bound against CP-SAT's proven optimum on small random problems, every placement."""
     sys.path.insert(0, str(ROOT / "tests"))
-    from test_optimizer_preprocess import random_problem
+    from test_optimizer_preprocess import placement_hints, random_problem
 
-    from optpipe.optimizer.periodic import periodic_schedules
-    from optpipe.simulator import simulate
     shapes = {"linear": None, "v": v_placement, "interleaved":
               lambda d: interleaved_placement(d, 2)}
     cases = {name: [0, 0, 0] for name in shapes}          # proven, bound == optimum, over
@@ -63,14 +61,7 @@ def _soundness(seeds: int, threads: int) -> str:
         for name, make in shapes.items():
             place = make(problem.devices) if make else list(range(problem.devices))
             for split in (True, False):
-                hints = [c.schedule for c in fixed_schedules(problem).candidates
-                         if c.fits and not c.schedule.offloads
-                         and c.schedule.placement == place
-                         and (split or not c.schedule.splits_backward)]
-                if make:
-                    hints += [h for h in periodic_schedules(problem, place, split,
-                                                            time_limit=1.0)
-                              if simulate(problem, h).fits]
+                hints = placement_hints(problem, place, split, 1.0 if make else None)
                 if not hints:
                     continue
                 run = solve_cpsat(problem, warm_start=hints, time_limit=20, threads=threads,

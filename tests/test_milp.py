@@ -174,7 +174,7 @@ def test_horizon_probes_match_brute_force(split: bool, shape: tuple[int, int],
     started from a zero bound and a horizon 1.5x the optimum, ends proven at the best
     of all FIFO schedules, and the schedule it found simulates to that makespan in
     budget."""
-    from optpipe.optimizer.milp import _Probes, _probe_search, _Silent
+    from optpipe.optimizer.milp import _Probes, _probe_search, _Progress
     from optpipe.optimizer.preprocess import sequential_schedule, task_graph
 
     problem = uniform_problem(*shape, backward_weight=0.5, p2p=0.1).activation_budget(k)
@@ -185,7 +185,7 @@ def test_horizon_probes_match_brute_force(split: bool, shape: tuple[int, int],
     assert upper <= 1.5 * best
     upper = round(1.5 * best / 0.05) * 0.05
     run = _probe_search(_Probes(problem, task_graph(problem, split), 0.0, upper, 0.05),
-                        time.perf_counter() + TL, 0.0, 1, _Silent())
+                        time.perf_counter() + TL, 0.0, 1, _Progress(None, 0.0))
     assert run.optimal and run.objective == pytest.approx(best)
     assert run.bound == pytest.approx(best)
     sim = simulate(problem, run.schedule)
@@ -198,7 +198,7 @@ def test_horizon_probes_match_brute_force(split: bool, shape: tuple[int, int],
 def test_horizon_probes_prove_a_memory_bound_pipeline() -> None:
     """4 x 8 at two activations with p2p: the probes alone prove CP-SAT's optimum."""
     from optpipe.optimizer.cpsat import solve_cpsat
-    from optpipe.optimizer.milp import _Probes, _probe_search, _Silent
+    from optpipe.optimizer.milp import _Probes, _probe_search, _Progress
     from optpipe.optimizer.preprocess import fixed_schedules, lower_bound, task_graph
 
     problem = uniform_problem(4, 8, backward_weight=1.0, p2p=0.05).activation_budget(2)
@@ -209,7 +209,7 @@ def test_horizon_probes_prove_a_memory_bound_pipeline() -> None:
                 if c.fits and not c.schedule.offloads
                 and list(c.schedule.placement) == linear_placement(4))
     run = _probe_search(_Probes(problem, graph, lower_bound(graph), upper, 0.05),
-                        time.perf_counter() + 3 * TL, 0.0, 1, _Silent())
+                        time.perf_counter() + 3 * TL, 0.0, 1, _Progress(None, 0.0))
     assert run.optimal and run.bound == pytest.approx(exact.objective)
     if run.has_solution:
         assert simulate(problem, run.schedule).makespan == pytest.approx(exact.objective)

@@ -105,6 +105,22 @@ def random_problem(seed: int) -> Problem:
     return p.activation_budget(rng.choice([1, 1.5, 2, 3]))
 
 
+def placement_hints(problem: Problem, place: list[int], split: bool,
+                    periodic_seconds: float | None = 0.5) -> list:
+    """Fitting schedules without offload on one placement — the fixed ones and, unless
+    ``periodic_seconds`` is None, the periodic blocks found in that time: what a proof
+    of the optimum there starts from (also used by scripts/bench_bounds.py --random)."""
+    from optpipe.optimizer.periodic import periodic_schedules
+    hints = [c.schedule for c in fixed_schedules(problem).candidates
+             if c.fits and not c.schedule.offloads and c.schedule.placement == place
+             and (split or not c.schedule.splits_backward)]
+    if periodic_seconds is not None:
+        hints += [h for h in periodic_schedules(problem, place, split,
+                                                time_limit=periodic_seconds)
+                  if simulate(problem, h).fits]
+    return hints
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_memory_bound_never_exceeds_a_proven_optimum(seed: int) -> None:
     """The bound against CP-SAT's proven optimum (one stage per device, no offload)."""
@@ -146,16 +162,11 @@ def test_chunked_memory_bound_holds_for_every_fitting_schedule(problem: Problem,
 def test_chunked_memory_bound_never_exceeds_a_proven_optimum(seed: int) -> None:
     """The V-shape and interleaved bounds against CP-SAT's proven optimum there."""
     from optpipe.optimizer.cpsat import solve_cpsat
-    from optpipe.optimizer.periodic import periodic_schedules
     problem = random_problem(seed)
     for shape, make in sorted(CHUNKED.items()):
         place = make(problem.devices)
         for split in (True, False):
-            hints = [c.schedule for c in fixed_schedules(problem).candidates
-                     if c.fits and not c.schedule.offloads and c.schedule.placement == place
-                     and (split or not c.schedule.splits_backward)]
-            hints += [h for h in periodic_schedules(problem, place, split, time_limit=0.5)
-                      if simulate(problem, h).fits]
+            hints = placement_hints(problem, place, split)
             result = solve_cpsat(problem, warm_start=hints, time_limit=20, placement=place,
                                  split_backward=split, decompose=False)
             assert result.status == "optimal", (shape, split)

@@ -725,7 +725,7 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
     horizon = hint.makespan
     # without offload the memory round trip bounds one stage per device too
     free = lower_bound(ticks.graph)
-    lower = int(math.ceil((free if offload else memory_bound(ticks.graph)) - 1e-9))
+    lower = int(math.ceil((free if offload else memory_bound(ticks.graph, free)) - 1e-9))
     # the memory round trip bounds the makespan above the no-memory bound: memory binds
     memory_binds = not offload and lower > math.ceil(free - 1e-9)
     lower = min(lower, horizon)

@@ -365,7 +365,7 @@ def _spaces(problem: Problem, split_backward: bool, fixed: FixedSet,
             continue
         graph = task_graph(problem, split, place)
         free = lower_bound(graph)
-        out.append(_Space(label, place, free if use_offload else memory_bound(graph),
+        out.append(_Space(label, place, free if use_offload else memory_bound(graph, free),
                           min((c.makespan for c in on), default=math.inf), split,
                           overrun=_expected_overrun(problem, place, engine),
                           hinted=any(not c.schedule.offloads for c in on), free_bound=free))

@@ -1056,58 +1056,52 @@ def _probe_search(probes: _Probes, deadline: float, gap: float, threads: int,
     p = probes
     lo = int(math.ceil(p.lower / p.tick - 1e-6))       # ticks: the optimum lies in [lo, hi]
     hi = int(round(p.upper / p.tick))
-    run = _Run(bound=lo * p.tick)
+    run = _Run()
     probes_run: list[tuple[float, str]] = []
-    within_gap = False
     while lo < hi and deadline - time.perf_counter() > 1.0:
         mid = (lo + hi) // 2
-        h = mid * p.tick
-        try:
-            win = milp_prep.prepare(p.problem, p.graph, h, use_memory=True)
-            if win.lower_bound > h * (1 + 1e-9):
-                raise milp_prep.HorizonTooSmall("the bounds exceed the horizon")
-        except milp_prep.HorizonTooSmall:
+        outcome, probe, model = _probe(p, mid * p.tick, deadline, gap, threads)
+        probes_run.append((mid * p.tick, outcome))
+        if outcome.startswith("infeasible"):       # nothing ends by h
             lo = mid + 1
-            probes_run.append((h, "infeasible (preprocessing)"))
-            report.emit(run.objective if run.has_solution else None, lo * p.tick, None)
-            continue
-        model = _DisjunctiveModel(p.problem, p.graph, win, offload=False)
-        probe = _HighsJob(model, gap, False).run(deadline, threads, _Silent(),
-                                                 PORTFOLIO[0])
-        if probe.has_solution:
+        elif outcome in ("optimal", "schedule found"):
             hi = min(hi, int(round(probe.objective / p.tick)))
             run.has_solution, run.objective = True, hi * p.tick
             run.schedule = model.extract(name="milp", provenance={})
-            probes_run.append((h, "optimal" if probe.optimal else "schedule found"))
             if probe.optimal:          # the restricted optimum is the global one
                 # (within ``gap``, which is what HiGHS's optimal status guarantees)
                 proven = max(probe.bound or 0.0, hi * p.tick * (1 - gap))
                 lo = max(lo, int(math.ceil(proven / p.tick - 1e-6)))
-                within_gap = True
-                break
-        elif probe.error:              # infeasible: nothing ends by h
-            lo = mid + 1
-            probes_run.append((h, "infeasible"))
-        else:
-            probes_run.append((h, "no answer"))
+                run.optimal = True
+        report.emit(run.objective if run.has_solution else None, min(lo, hi) * p.tick, None)
+        if outcome in ("optimal", "no answer"):
             break
-        report.emit(run.objective if run.has_solution else None, lo * p.tick, None)
     run.bound = min(lo, hi) * p.tick
-    run.optimal = lo >= hi or within_gap
+    run.optimal = run.optimal or lo >= hi
     run.extra["probes"] = probes_run
     run.message = (f"HiGHS horizon probes: {len(probes_run)}"
                    + (", optimal" if run.optimal else ""))
     return run
 
 
-class _Silent:
-    """A progress sink that drops everything (a probe's own incumbents are not global)."""
-
-    def elapsed(self) -> float:
-        return 0.0
-
-    def emit(self, incumbent: float | None, bound: float | None, gap: float | None) -> None:
-        pass
+def _probe(p: _Probes, horizon: float, deadline: float, gap: float, threads: int
+           ) -> tuple[str, Optional[_Run], Any]:
+    """One probe: ``(outcome, HiGHS run, model)``; the outcome is ``infeasible
+    (preprocessing)`` (the windows or bounds already rule ``horizon`` out), ``infeasible``,
+    ``optimal``, ``schedule found`` or ``no answer`` (time ran out)."""
+    try:
+        win = milp_prep.prepare(p.problem, p.graph, horizon, use_memory=True)
+    except milp_prep.HorizonTooSmall:
+        return "infeasible (preprocessing)", None, None
+    if win.lower_bound > horizon * (1 + 1e-9):
+        return "infeasible (preprocessing)", None, None
+    model = _DisjunctiveModel(p.problem, p.graph, win, offload=False)
+    # a probe's own incumbents are not global ones: no progress from inside it
+    probe = _HighsJob(model, gap, False).run(deadline, threads, _Progress(None, 0.0),
+                                             PORTFOLIO[0])
+    if probe.has_solution:
+        return ("optimal" if probe.optimal else "schedule found"), probe, model
+    return ("infeasible" if probe.error else "no answer"), probe, model
 
 
 #: HiGHS settings of the portfolio's searches

@@ -32,7 +32,7 @@ import bisect
 import heapq
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from optpipe.errors import OptPipeError
 from optpipe.memory.accounting import duration as action_duration
@@ -393,7 +393,7 @@ def device_ancestor_work(graph: TaskGraph) -> dict[Key, float]:
             for k in graph.keys}
 
 
-def memory_bound(graph: TaskGraph) -> float:
+def memory_bound(graph: TaskGraph, no_memory: float | None = None) -> float:
     """A makespan bound that counts the memory round trip (no offload).
 
     Why: at a tight budget the pace is set by a cycle the other bounds miss — forward
@@ -420,8 +420,11 @@ def memory_bound(graph: TaskGraph) -> float:
     backward work. Measured on the benchmark's uniform problems at S/2 (``python
     scripts/bench_bounds.py``): 4 x 64 gives 298.6 s where the no-memory bound is
     195.2 s; where the optimum is proven the bound is 84-92% of it.
+
+    ``no_memory`` is :func:`lower_bound` of the same graph when the caller has it (the
+    bound starts from it), so it is not computed twice.
     """
-    base = lower_bound(graph)
+    base = lower_bound(graph) if no_memory is None else no_memory
     p = graph.problem
     dur = graph.duration
     split = graph.split_backward
