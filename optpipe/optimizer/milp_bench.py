@@ -73,6 +73,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{wall:>7.1f} {cpu:>6.1f} {str(sim.fits):>5} "
               f"{res.extra.get('warm_start_makespan', 0):>9.4g}",
               flush=True)
+        if res.extra.get("probes"):         # the horizon probes settled it (docs/milp.md)
+            print("      horizon probes: " + ", ".join(f"{h:g} s {outcome}" for h, outcome
+                                                      in res.extra["probes"]), flush=True)
     print(f"slowest solve: {worst:.1f} s; load average at end: {os.getloadavg()[0]:.2f}")
     return 0
 
