@@ -76,8 +76,8 @@ def _entry(rank: int, fn: Callable[..., Any], world: int, port: int, backend: st
                       LOCAL_WORLD_SIZE=str(world))
     if threads:
         torch.set_num_threads(threads)
-    if backend == "nccl":
-        torch.cuda.set_device(rank)
+    if backend == "nccl":  # one GPU per rank; with fewer GPUs ranks share (NCCL may refuse)
+        torch.cuda.set_device(rank % torch.cuda.device_count())
     outcome: dict[str, Any]
     try:
         dist.init_process_group(backend, rank=rank, world_size=world,
