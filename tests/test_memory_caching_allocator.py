@@ -157,3 +157,72 @@ def test_expandable_out_of_memory_unmaps_free_pages():
     # pinned between allocated blocks, a larger request has nowhere to go
     with pytest.raises(AllocatorOOM):
         alloc.malloc(30 * MiB)
+
+
+def test_expandable_best_fit_passes_over_the_free_end_of_the_mapped_range():
+    """``get_free_block`` in CUDACachingAllocator.cpp, with expandable segments: after
+    ``pool.blocks.lower_bound`` finds the smallest free block that fits, it walks up the
+    (size, address) order while ``expandable_size(*next) < expandable_size(*it)``, where
+    ``expandable_size(b) = b->size + (b->next && !b->next->mapped ? b->next->size : 0)``.
+    The free block at the end of the mapped pages counts with all the unmapped address
+    space after it, so any larger free hole is taken first and the end is kept for
+    requests that need to grow into new pages. Plain best fit would put the 4 MiB request
+    in the 8 MiB end and need two new pages for the 26 MiB one (60 MiB reserved)."""
+    alloc = CachingAllocator(expandable_segments=True)
+    a = alloc.malloc(10 * MiB)           # page 0: [0, 10) allocated
+    alloc.malloc(2 * MiB)                # [10, 12); [12, 20) free, then unmapped space
+    alloc.free(a)                        # a 10 MiB hole, kept off the end by the 2 MiB block
+    assert alloc.malloc(4 * MiB) == a    # the hole, not the smaller 8 MiB free end
+    alloc.malloc(26 * MiB)               # 8 MiB free end + 18 MiB: one new page
+    assert alloc.reserved == 40 * MiB
+    # the same through replay: 10 MiB freed at t=1, then 4 MiB at t=2 and 26 MiB at t=3
+    stats = replay(trace((10 * MiB, 0, 1), (2 * MiB, 0, 9), (4 * MiB, 2, 9),
+                         (26 * MiB, 3, 9)), expandable_segments=True)
+    assert (stats.peak_reserved, stats.peak_allocated) == (40 * MiB, 32 * MiB)
+
+
+# (trace, expandable_segments) -> (max_memory_reserved, max_memory_allocated) of the real
+# CUDA caching allocator (torch 2.11.0+cu130 on an H200, scripts/bench_memplan.py --cuda)
+CUDA_PEAKS = {
+    ("1f1b.device0", False): (3623878656, 3439329280),
+    ("1f1b.device1", False): (2717908992, 2566914048),
+    ("zb-h1.device0", False): (3602907136, 3455169536),
+    ("zb-h1.device1", False): (3548381184, 3396381696),
+    ("interleaved-1f1b.device0", False): (5477761024, 4729224192),
+    ("interleaved-1f1b.device1", False): (4076863488, 3850371072),
+    ("1f1b.device0", True): (3439329280, 3439329280),
+    ("1f1b.device1", True): (2579496960, 2566914048),
+    ("zb-h1.device0", True): (3445620736, 3439405056),
+    ("zb-h1.device1", True): (3384803328, 3372303360),
+    ("interleaved-1f1b.device0", True): (4739563520, 4729224192),
+    ("interleaved-1f1b.device1", True): (3858759680, 3850371072),
+}
+
+
+@pytest.fixture(scope="module")
+def schedule_traces() -> dict[str, Trace]:
+    """The traces of ``cuda_table()`` in scripts/bench_memplan.py, by name."""
+    from optpipe import costmodel
+    from optpipe.generators import generate
+    from optpipe.memory.trace import traces_from_schedule
+
+    problem = costmodel.build_problem("gpt3-1.3b", "h100-80gb", stages=4, microbatches=8)
+    traces = []
+    for name in ("1f1b", "zb-h1", "interleaved-1f1b"):
+        traces += traces_from_schedule(problem, generate(name, problem))[:2]
+    return {t.name: t for t in traces}
+
+
+def test_zb_h1_device1_expandable_matches_cuda(schedule_traces):
+    """The row that plain best fit got one 20 MiB page too high (3405774848): the four
+    3.2 MiB act_b buffers of microbatch 3 must go into the 19.2 MiB hole at the start of
+    the large pool, not the 18.4 MiB free end, which the 18.3 MiB act_w buffers that
+    follow then grow from (``get_free_block``'s ``expandable_size`` walk)."""
+    stats = replay(schedule_traces["zb-h1.device1"], expandable_segments=True)
+    assert (stats.peak_reserved, stats.peak_allocated) == (3384803328, 3372303360)
+
+
+@pytest.mark.parametrize("name,expandable", sorted(CUDA_PEAKS))
+def test_schedule_traces_match_the_cuda_allocator(schedule_traces, name, expandable):
+    stats = replay(schedule_traces[name], expandable_segments=expandable)
+    assert (stats.peak_reserved, stats.peak_allocated) == CUDA_PEAKS[name, expandable]

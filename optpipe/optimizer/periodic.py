@@ -166,10 +166,15 @@ def solve_block(graph: TaskGraph, period: int, *, time_limit: float = 1.0,
     ``graph`` must be in integer ticks (:meth:`TaskGraph.scaled`). Each offset is a
     residue ``r`` in ``[0, P)`` plus whole periods; a device's tasks are disjoint modulo
     ``P`` exactly when their intervals ``[r, r + d)`` and copies ``[r + P, r + P + d)``
-    do not overlap (a plain no-overlap, which CP-SAT propagates well). Memory is bounded
-    with ``ceil(L / P)`` per span (linear), which is coarser than the greedy's exact
-    :func:`steady_peak`. Returns ``hint`` (None without one) when no better block exists
-    (proven, or by the lifespan check) or none is found in ``time_limit``.
+    do not overlap (a plain no-overlap, which CP-SAT propagates well). Memory is the
+    exact steady peak (:func:`steady_peak`): a lifespan ``L = q P + r`` holds ``q``
+    microbatches' bytes at all times and one more over an arc of length ``r`` from its
+    F's residue, so ``sum(bytes * q)`` plus a cumulative over the arcs (each with its
+    copy one period on) must fit the room. The earlier rows, ``bytes * ceil(L / P)`` per
+    span, over-counted spans that never peak together and missed blocks the greedy's
+    exact check accepts (tests/test_periodic.py). Returns ``hint`` (None without one)
+    when no better block exists (proven, or by the time-average lifespan check) or none
+    is found in ``time_limit``.
     """
     p = graph.problem
     tasks, dur, deps = _one_microbatch(graph)
@@ -181,12 +186,12 @@ def solve_block(graph: TaskGraph, period: int, *, time_limit: float = 1.0,
     earliest = _earliest(tasks, dur, deps)
     releases = _releases(graph)
 
-    def least_held(d: int) -> int:
-        """Bytes device ``d`` holds at least, from the shortest lifespans."""
+    def least_held(d: int) -> float:
+        """Bytes device ``d`` holds on average at least, from the shortest lifespans
+        (Little's law: the peak is at least the time average, ``sum(bytes * L) / P``)."""
         stages = sorted({s for _, s in by_device[d]})
-        return sum(amounts[s] * -(-(earliest[(op, s)] + dur[(op, s)] - earliest[(Op.F, s)])
-                                  // period)
-                   for s in stages for op, amounts in releases)
+        return sum(amounts[s] * (earliest[(op, s)] + dur[(op, s)] - earliest[(Op.F, s)])
+                   for s in stages for op, amounts in releases) / period
     if any(least_held(d) > p.budget[d] - p.static[d] for d in by_device):
         return hint
     horizon = 2 * max(earliest[k] + dur[k] for k in tasks) + 4 * period
@@ -220,17 +225,30 @@ def solve_block(graph: TaskGraph, period: int, *, time_limit: float = 1.0,
         room = p.budget[d] - p.static[d]
         if not math.isfinite(room):
             continue
-        terms = []
+        whole, arcs, demands = [], [], []
         for s in sorted({s for _, s in keys}):
             for op, amounts in releases:
                 if amounts[s] == 0:
                     continue
-                # n * P >= lifespan: at most n microbatches hold these bytes at once
-                n = m.new_int_var(1, wraps + 1, f"n{op.value}{s}")
-                m.add(n * period >= x[(op, s)] + dur[(op, s)] - x[(Op.F, s)])
-                terms.append(amounts[s] * n)
-        if terms:
-            m.add(sum(terms) <= int(math.floor(room)))
+                # exact steady state: a lifespan L = q P + r holds q microbatches' bytes
+                # at every moment and one more over the arc [F's residue, + r) of the
+                # circle; the arc and its copy one period on cover every phase exactly
+                # once, so a cumulative over both is the steady peak (steady_peak)
+                q = m.new_int_var(0, wraps + 1, f"q{op.value}{s}")
+                r = m.new_int_var(0, period - 1, f"rl{op.value}{s}")
+                m.add(q * period + r == x[(op, s)] + dur[(op, s)] - x[(Op.F, s)])
+                start = x[((Op.F, s), "r")]
+                end = m.new_int_var(0, 2 * period, f"re{op.value}{s}")
+                m.add(end == start + r)
+                arcs.append(m.new_interval_var(start, r, end, "arc"))
+                arcs.append(m.new_interval_var(start + period, r, end + period, "arc+P"))
+                demands += [int(amounts[s])] * 2
+                whole.append(int(amounts[s]) * q)
+        if arcs:
+            unit = math.gcd(*demands)          # bytes share a large factor: keep it small
+            cap = m.new_int_var(0, int(math.floor(room)) // unit, f"cap{d}")
+            m.add(cap * unit == int(math.floor(room)) // unit * unit - sum(whole))
+            m.add_cumulative(arcs, [v // unit for v in demands], cap)
     # shortest block first; then everything as early as it can be (a compact block
     # unrolls into a compact order)
     m.minimize(span * (len(tasks) + 1) + sum(x[k] for k in tasks))
