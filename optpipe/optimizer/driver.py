@@ -152,17 +152,20 @@ def solve(problem: Problem, *, solver: str = "auto", offload: bool | None = None
     runs: list[EngineResult] = []
     engine = "cpsat" if solver == "auto" else solver
     spaces = _spaces(problem, split_backward, fixed, engine, use_offload)
+    relaxed = _fused_relaxed_bound(problem, spaces) if split_backward else None
     notes: list[str] = []
+    live = None if reporter is None else _SearchProgress(
+        reporter, t0, spaces, best_fixed.makespan if best_fixed else None, use_offload,
+        relaxed)
     try:
         union_bound = _search(problem, spaces, runs, fixed, best_fixed, engine=engine,
                               deadline=t0 + time_limit, gap=gap, threads=threads,
                               use_offload=use_offload, split_backward=split_backward,
-                              levels=levels, progress=reporter, notes=notes)
+                              levels=levels, progress=live, notes=notes)
     finally:
         if reporter is not None and hasattr(reporter, "close"):
             reporter.close()
-    if split_backward and union_bound is not None:
-        relaxed = _fused_relaxed_bound(problem, spaces)
+    if union_bound is not None:
         if relaxed is not None and relaxed < union_bound:
             union_bound = relaxed
             notes.append("a fused backward is faster than B + W on some stage, and the "
@@ -377,7 +380,7 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
             fixed: FixedSet, best_fixed: Candidate | None, *, engine: str,
             deadline: float, gap: float, threads: int, use_offload: bool,
             split_backward: bool, levels: Sequence[float],
-            progress: ProgressFn | None, notes: list[str]) -> float | None:
+            progress: "_SearchProgress | None", notes: list[str]) -> float | None:
     """Run the engines over the placements; return the proven bound over all of them.
 
     A placement whose lower bound is no better than the incumbent is skipped (it cannot
@@ -434,8 +437,9 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
             hints = ([best_on[space.label]] if space.label in best_on else []) + \
                 _hint_pool(fixed, space.split)
             run = _run_engine(engine, problem, hints, max(0.5, limit), gap, threads, False,
-                              space.split, levels, progress, space.placement,
-                              decompose=False if proof_attempt else None)
+                              space.split, levels,
+                              progress.run(space.label) if progress else None,
+                              space.placement, decompose=False if proof_attempt else None)
             run.extra["space"] = space.label
             runs.append(run)
             # a run that ended early says nothing about the overrun: keep the estimate
@@ -466,7 +470,8 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
         elif left > 1.0 and lb_linear < incumbent * (1 - 1e-9):
             hints = ([best_linear] if best_linear else []) + pool
             run = _run_engine(engine, problem, hints, left, gap, threads, True,
-                              split_backward, levels, progress, None)
+                              split_backward, levels,
+                              progress.run("linear+offload") if progress else None, None)
             run.extra["space"] = "linear+offload"
             runs.append(run)
             if run.bound is not None and run.status != ERROR:
@@ -695,6 +700,55 @@ def _stamp(result: SolveResult, problem: Problem, **options: Any) -> None:
 
 
 # -------------------------------------------------------------------- progress
+class _SearchProgress:
+    """What the live line shows of the whole search, whichever engine run reports.
+
+    Why not forward the engines' reports: each run counts its own elapsed time, knows
+    only its own incumbent (not the fixed and periodic schedules already in hand) and
+    its own placement's bound, while the answer's bound is the least over placements.
+    So this keeps the solve's clock, the best makespan so far and each placement's best
+    bound, and reports the bound that holds for the answer: with offload, the order
+    models' bounds do not hold (see :func:`_search`), and with a faster fused backward
+    the fused relaxation caps it (:func:`_fused_relaxed_bound`).
+    """
+
+    def __init__(self, sink: ProgressFn, t0: float, spaces: list[_Space],
+                 incumbent: float | None, use_offload: bool, cap: float | None) -> None:
+        self.sink, self.t0, self.spaces = sink, t0, spaces
+        self.best = incumbent
+        self.use_offload, self.cap = use_offload, cap
+        self.live: dict[str, float] = {}
+        self.linear_start = next(sp.bound for sp in spaces if sp.label == "linear")
+
+    def run(self, label: str) -> ProgressFn:
+        """The progress function for one engine run on placement ``label``."""
+        self.emit()          # a run starts: show where the search stands
+
+        def report(_elapsed: float, best: float | None, bound: float | None,
+                   _gap: float | None) -> None:
+            if best is not None:
+                self.best = best if self.best is None else min(self.best, best)
+            if bound is not None:
+                self.live[label] = max(self.live.get(label, -math.inf), bound)
+            self.emit()
+        return report
+
+    def bound(self) -> float:
+        if self.use_offload:
+            linear = max(self.linear_start, self.live.get("linear+offload", -math.inf))
+            found = min([linear] + [sp.free_bound for sp in self.spaces
+                                    if sp.label != "linear"])
+        else:
+            found = min(max(sp.bound, self.live.get(sp.label, -math.inf))
+                        for sp in self.spaces)
+        return found if self.cap is None else min(found, self.cap)
+
+    def emit(self) -> None:
+        bound = self.bound()
+        self.sink(time.monotonic() - self.t0, self.best, bound,
+                  relative_gap(self.best, bound))
+
+
 def _progress_sink(progress: bool | ProgressFn | None) -> ProgressFn | None:
     if callable(progress):
         return progress
