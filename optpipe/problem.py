@@ -39,6 +39,55 @@ else:  # pragma: no cover
 
 
 @dataclass(frozen=True)
+class ChunkProfile:
+    """Measured figures of the model cut for one chunked placement (V shape, interleaved).
+
+    Why: :meth:`Problem.split` shares each device's figures evenly among its chunks,
+    which is only right when every device holds equal, uniform layers. A real model is
+    not uniform, and a chunked placement regroups it: the V shape puts the output head
+    on device 0, next to the embedding. An even split of the one-stage-per-device profile
+    then misjudges both time and memory. A schedule solved on it went over its budget on
+    a GPU (docs/gpu.md). ``optpipe profile`` measures every chunk of the placements the
+    optimizer searches, and :meth:`Problem.split` uses these figures for that placement.
+
+    Per-stage lists have ``len(placement)`` entries, in model order; ``static`` has one
+    per device (the parameters a device holds depend on its chunks).
+    """
+
+    placement: tuple[int, ...]
+    forward: tuple[float, ...]
+    backward_input: tuple[float, ...]
+    backward_weight: tuple[float, ...]
+    activation: tuple[int, ...]
+    freed_by_b: tuple[int, ...]
+    freed_by_w: tuple[int, ...]
+    static: tuple[int, ...]
+    backward_fused: tuple[float, ...] | None = None
+    partition: tuple[int, ...] | None = None   # blocks per stage of the measured cut
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "placement", tuple(int(d) for d in self.placement))
+        if self.partition is not None:
+            object.__setattr__(self, "partition", tuple(int(b) for b in self.partition))
+        for key in ("forward", "backward_input", "backward_weight"):
+            object.__setattr__(self, key, tuple(float(x) for x in getattr(self, key)))
+        for key in ("activation", "freed_by_b", "freed_by_w", "static"):
+            object.__setattr__(self, key, tuple(int(x) for x in getattr(self, key)))
+        if self.backward_fused is not None:
+            object.__setattr__(self, "backward_fused",
+                               tuple(float(x) for x in self.backward_fused))
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+        data["freed_by_backward_input"] = data.pop("freed_by_b")
+        data["freed_by_backward_weight"] = data.pop("freed_by_w")
+        for key in ("backward_fused", "partition"):
+            if data[key] is None:
+                del data[key]
+        return data
+
+
+@dataclass(frozen=True)
 class Problem:
     """A pipeline-parallel step to schedule. Times in seconds, sizes in bytes.
 
@@ -51,6 +100,9 @@ class Problem:
     backward (BW: input and weight gradients in one pass), which real runtimes do faster
     than B and W apart; ``None`` times BW as B + W. :meth:`bw_time` is the one place
     that decides.
+
+    ``chunk_profiles`` optionally holds measured figures for chunked placements
+    (:class:`ChunkProfile`); :meth:`split` prefers them to an even split.
     """
 
     stages: int
@@ -70,6 +122,7 @@ class Problem:
     name: str = "problem"
     meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     backward_fused: tuple[float, ...] | None = None
+    chunk_profiles: tuple[ChunkProfile, ...] = ()
 
     def __post_init__(self) -> None:
         if self.devices == 0:
@@ -88,6 +141,9 @@ class Problem:
                 raise OptPipeError(f"'backward_fused' must list one time in seconds per "
                                    f"stage, got {self.backward_fused!r}") from None
             object.__setattr__(self, "backward_fused", fused)
+        profiles = tuple(c if isinstance(c, ChunkProfile) else _chunk_profile(c)
+                         for c in self.chunk_profiles)
+        object.__setattr__(self, "chunk_profiles", profiles)
         self.validate()
 
     # ------------------------------------------------------------------ checks
@@ -126,10 +182,48 @@ class Problem:
                 raise OptPipeError(f"'backward_fused' must be positive and finite: "
                                    f"{list(self.backward_fused)}; omit it to time a fused "
                                    f"backward as backward_input + backward_weight")
+        self._validate_chunk_profiles()
         if self.p2p < 0:
             raise OptPipeError(f"p2p latency must not be negative, got {self.p2p}")
         if self.d2h_bandwidth <= 0 or self.h2d_bandwidth <= 0:
             raise OptPipeError("host-link bandwidths must be positive")
+
+    def _validate_chunk_profiles(self) -> None:
+        from optpipe.schedule import check_placement
+
+        seen = set()
+        for c in self.chunk_profiles:
+            where = f"chunk profile of placement {list(c.placement)}"
+            if self.chunks != 1:
+                raise OptPipeError(f"{where}: only a base problem (one stage per device) "
+                                   f"carries chunk profiles")
+            placement = check_placement(list(c.placement), self.devices)
+            if len(placement) == self.devices or tuple(placement) in seen:
+                raise OptPipeError(f"{where}: give each chunked placement (more stages "
+                                   f"than devices) once")
+            seen.add(tuple(placement))
+            n = len(placement)
+            for key in ("forward", "backward_input", "backward_weight", "activation",
+                        "freed_by_b", "freed_by_w") + (
+                            ("backward_fused",) if c.backward_fused is not None else ()):
+                values = getattr(c, key)
+                if len(values) != n:
+                    raise OptPipeError(f"{where}: '{key}' has {len(values)} entries but "
+                                       f"the placement has {n} stages")
+                if any(v < 0 for v in values):
+                    raise OptPipeError(f"{where}: '{key}' must not be negative")
+            if len(c.static) != self.devices:
+                raise OptPipeError(f"{where}: 'static' has {len(c.static)} entries but "
+                                   f"there are {self.devices} devices")
+            if any(b + w != a for a, b, w in zip(c.activation, c.freed_by_b, c.freed_by_w)):
+                raise OptPipeError(f"{where}: freed_by_backward_input + "
+                                   f"freed_by_backward_weight must equal activation")
+
+    def chunk_profile(self, placement: Sequence[int]) -> ChunkProfile | None:
+        """The measured figures for ``placement``, or None (then :meth:`split` divides
+        evenly)."""
+        key = tuple(int(d) for d in placement)
+        return next((c for c in self.chunk_profiles if c.placement == key), None)
 
     # ------------------------------------------------------------- derived data
     @property
@@ -160,6 +254,8 @@ class Problem:
         ``s`` gets ``1/v`` of device ``placement[s]``'s base-stage times and bytes (bytes
         rounded so that the parts of every chunk still add up). Interleaved 1F1B and ZB-V
         are judged against this problem; device count, static bytes and budgets stay.
+        When the problem has a measured :class:`ChunkProfile` for ``placement``, its
+        figures (static bytes included) are used instead, and ``meta["per_chunk"]`` says so.
         """
         if self.chunks != 1:
             raise OptPipeError("only a base problem (one stage per device) can be split")
@@ -168,6 +264,18 @@ class Problem:
         chunks = len(placement) // self.devices
         if chunks == 1 and placement == list(range(self.devices)):
             return self
+        measured = self.chunk_profile(placement)
+        if measured is not None:
+            return replace(
+                self, stages=len(placement), forward=measured.forward,
+                backward_input=measured.backward_input,
+                backward_weight=measured.backward_weight,
+                backward_fused=measured.backward_fused, activation=measured.activation,
+                freed_by_b=measured.freed_by_b, freed_by_w=measured.freed_by_w,
+                static=measured.static, chunk_profiles=(),
+                meta={**self.meta, "placement": placement, "per_chunk": True,
+                      "partition": (None if measured.partition is None
+                                    else list(measured.partition))})
         # chunk j of a device gets an equal share, the first (bytes mod v) chunks one byte
         # more, so that every device's chunks add up to its base stage exactly
         chunk_index = [placement[:s].count(d) for s, d in enumerate(placement)]
@@ -192,6 +300,7 @@ class Problem:
             activation=tuple(activation),
             freed_by_b=tuple(freed_b),
             freed_by_w=tuple(freed_w),
+            chunk_profiles=(),
             meta={**self.meta, "placement": placement},
         )
 
@@ -219,13 +328,17 @@ class Problem:
         data["freed_by_backward_weight"] = data.pop("freed_by_w")
         if data["backward_fused"] is None:   # absent, as before the field existed
             del data["backward_fused"]
+        del data["chunk_profiles"]           # likewise: only when there are some
+        if self.chunk_profiles:
+            data["chunk_profiles"] = [c.to_dict() for c in self.chunk_profiles]
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in data.items()}
 
     def hash(self) -> str:
         """Stable content hash (name and metadata excluded): the cache key of a solve.
 
-        ``backward_fused`` enters only when set, so problems without it keep the hashes
-        they had before the field existed (the bundled schedule library is keyed by them).
+        ``backward_fused`` and ``chunk_profiles`` enter only when set, so problems without
+        them keep the hashes they had before the fields existed (the bundled schedule
+        library is keyed by them).
         """
         data = self.to_dict()
         data.pop("name", None)
@@ -235,6 +348,71 @@ class Problem:
 
 
 # ---------------------------------------------------------------------- loading
+def _chunk_profile(data: Any) -> ChunkProfile:
+    """A :class:`ChunkProfile` from ``ChunkProfile.to_dict`` data or a ``[[chunked]]``
+    table of a problem file (times with units, bytes with units)."""
+    if not isinstance(data, dict):
+        raise OptPipeError(f"a chunk profile must be a table, got {data!r}")
+    known = {"placement", "forward", "backward_input", "backward_weight", "backward_fused",
+             "activation", "freed_by_backward_input", "freed_by_backward_weight", "static",
+             "partition"}
+    unknown = set(data) - known
+    if unknown:
+        raise OptPipeError(f"unknown key(s) {sorted(unknown)} in a chunk profile; known: "
+                           f"{sorted(known)}")
+    missing = [k for k in ("placement", "forward", "backward_input", "activation", "static")
+               if k not in data]
+    if missing:
+        raise OptPipeError(f"a chunk profile needs {', '.join(missing)}")
+    placement = data["placement"]
+    if not isinstance(placement, list) or not all(isinstance(d, int) for d in placement):
+        raise OptPipeError(f"a chunk profile's placement must list one device per stage, "
+                           f"got {placement!r}")
+    n = len(placement)
+
+    def stage_list(key: str, parse: Any, default: Any = None) -> list:
+        value = data.get(key, default)
+        if not isinstance(value, list) or len(value) != n:
+            raise OptPipeError(f"chunk profile of placement {placement}: '{key}' must list "
+                               f"{n} values")
+        return [parse(v, key) for v in value]
+
+    def seconds(v: Any, key: str) -> float:
+        return float(v) if isinstance(v, (int, float)) else parse_seconds(v, key)
+
+    def count(v: Any, key: str) -> int:
+        return int(v) if isinstance(v, (int, float)) else parse_bytes(v, key)
+
+    activation = stage_list("activation", count)
+    freed_b = stage_list("freed_by_backward_input", count, [0] * n)
+    freed_w = (stage_list("freed_by_backward_weight", count)
+               if "freed_by_backward_weight" in data
+               else [a - b for a, b in zip(activation, freed_b)])
+    static = data["static"]
+    if not isinstance(static, list):
+        raise OptPipeError(f"chunk profile of placement {placement}: 'static' must list "
+                           f"one value per device")
+    return ChunkProfile(
+        placement=tuple(placement), forward=tuple(stage_list("forward", seconds)),
+        backward_input=tuple(stage_list("backward_input", seconds)),
+        backward_weight=tuple(stage_list("backward_weight", seconds, [0] * n)),
+        backward_fused=(tuple(stage_list("backward_fused", seconds))
+                        if "backward_fused" in data else None),
+        activation=tuple(activation), freed_by_b=tuple(freed_b), freed_by_w=tuple(freed_w),
+        static=tuple(count(v, "static") for v in static),
+        partition=_partition_of(data.get("partition"), n))
+
+
+def _partition_of(value: Any, stages: int) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) != stages or not all(
+            isinstance(b, int) and b >= 1 for b in value):
+        raise OptPipeError(f"a chunk profile's partition must list {stages} block counts "
+                           f"of at least 1, got {value!r}")
+    return tuple(value)
+
+
 def _per_stage(value: Any, count: int, parse: Any, key: str) -> list:
     if isinstance(value, list):
         if len(value) != count:
@@ -259,7 +437,8 @@ def problem_from_dict(data: dict[str, Any], name: str = "problem") -> Problem:
             return Problem(**flat)
         except TypeError as exc:
             raise OptPipeError(f"problem data is not valid: {exc}") from None
-    known = {"stages", "microbatches", "devices", "name", "time", "memory", "offload"}
+    known = {"stages", "microbatches", "devices", "name", "time", "memory", "offload",
+             "chunked"}
     unknown = set(data) - known
     if unknown:
         raise OptPipeError(f"unknown problem key(s) {sorted(unknown)}; known keys: "
@@ -318,7 +497,16 @@ def problem_from_dict(data: dict[str, Any], name: str = "problem") -> Problem:
         d2h_bandwidth=parse_bandwidth(offload.get("d2h_bandwidth", "25GB/s"), "d2h_bandwidth"),
         h2d_bandwidth=parse_bandwidth(offload.get("h2d_bandwidth", "25GB/s"), "h2d_bandwidth"),
         name=str(data.get("name", name)),
+        chunk_profiles=tuple(_chunk_profile(c) for c in _tables(data.get("chunked", []))),
     )
+
+
+def _tables(value: Any) -> list:
+    if isinstance(value, dict):
+        return [value]
+    if not isinstance(value, list):
+        raise OptPipeError("'chunked' must be a list of tables ([[chunked]] in TOML)")
+    return value
 
 
 def load_problem(path: str | Path) -> Problem:
@@ -379,6 +567,21 @@ def problem_to_toml(problem: Problem) -> str:
         f"d2h_bandwidth = {problem.d2h_bandwidth:.6g}",
         f"h2d_bandwidth = {problem.h2d_bandwidth:.6g}",
         "",
+        *[line for c in problem.chunk_profiles for line in (
+            "[[chunked]]   # every chunk of this placement measured (optpipe profile)",
+            f"placement = [{', '.join(str(d) for d in c.placement)}]",
+            f"forward = {seconds(c.forward)}",
+            f"backward_input = {seconds(c.backward_input)}",
+            f"backward_weight = {seconds(c.backward_weight)}",
+            *([] if c.backward_fused is None
+              else [f"backward_fused = {seconds(c.backward_fused)}"]),
+            f"activation = {ints(c.activation)}",
+            f"freed_by_backward_input = {ints(c.freed_by_b)}",
+            f"freed_by_backward_weight = {ints(c.freed_by_w)}",
+            f"static = {ints(c.static)}",
+            *([] if c.partition is None
+              else [f"partition = [{', '.join(str(b) for b in c.partition)}]"]),
+            "")],
     ])
 
 

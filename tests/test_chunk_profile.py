@@ -17,7 +17,7 @@ import torch
 from optpipe.cli import main
 from optpipe.errors import OptPipeError
 from optpipe.generators import generate
-from optpipe.problem import uniform_problem
+from optpipe.problem import load_problem, uniform_problem
 from optpipe.runtime import GPT, GPTConfig, OptPipeRunner, gpt_batch, gpt_loss
 from optpipe.runtime.measure import RunSpec, compare, measure_schedule, prediction_basis
 from optpipe.runtime.profile import profile_gpt, profile_model, static_bytes
@@ -166,16 +166,38 @@ def test_run_predicts_a_chunked_schedule_per_chunk(capsys):
 def test_run_with_a_base_problem_file_says_even_split(tmp_path, capsys):
     path = tmp_path / "problem.toml"
     assert main(["profile", "--stages", "2", "--microbatches", "4", "--repeats", "1",
-                 "--p2p", "0ms", "-o", str(path)]) == 0
+                 "--p2p", "0ms", "--no-chunks", "-o", str(path)]) == 0
     capsys.readouterr()
+    assert "[[chunked]]" not in path.read_text()
     args = ["run", "--problem", str(path), "--schedule", "zb-v", "--stages", "2",
             "--microbatches", "4", "--steps", "1", "--single-process"]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "even split" in out and "predicted per chunk" not in out
-    assert main(args + ["--json"]) == 0
-    data = json.loads(capsys.readouterr().out)
-    assert data["prediction"] == "even split" and data["problem"]["stages"] == 2
+
+
+def test_a_profiled_file_carries_every_cut_the_optimizer_searches(tmp_path, capsys):
+    """``optpipe profile`` measures the V-shape and interleaved cuts too; a schedule on
+    either is then predicted (and solved) on measured chunks, the runner runs the cut
+    that was measured, and its peaks equal the plan."""
+    path = tmp_path / "problem.toml"
+    assert main(["profile", "--stages", "2", "--microbatches", "4", "--repeats", "1",
+                 "--p2p", "0ms", "-o", str(path)]) == 0
+    capsys.readouterr()
+    problem = load_problem(path)
+    assert [list(c.placement) for c in problem.chunk_profiles] == [[0, 1, 1, 0],
+                                                                   [0, 1, 0, 1]]
+    direct, _ = _profile(4, v_placement(2))   # the same cut, profiled on its own
+    split = problem.split(v_placement(2))
+    assert split.meta["per_chunk"] and split.meta["partition"] == direct.meta["partition"]
+    assert split.activation == direct.activation and split.static == direct.static
+    for schedule in ("zb-v", "interleaved-1f1b"):
+        assert main(["run", "--problem", str(path), "--schedule", schedule, "--stages",
+                     "2", "--microbatches", "4", "--steps", "1", "--single-process",
+                     "--json"]) == 0
+        data = json.loads(capsys.readouterr().out)
+        assert data["prediction"] == "per-chunk profile", schedule
+        assert data["measured_peak"] == data["simulated_peak"], schedule
 
 
 def test_run_rejects_a_per_chunk_partition_for_an_unchunked_schedule(capsys):

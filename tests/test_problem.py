@@ -113,3 +113,84 @@ def test_split_interleaved_and_v():
 def test_activation_budget():
     p = uniform_problem(4, 8, activation=1000, static=500)
     assert p.activation_budget(2).budget == (2500.0,) * 4
+
+
+# ------------------------------------------------------------- measured chunks
+def _v_profile(**change):
+    """A V-shape cut of a 2-device problem whose device 0 holds the heavy chunks."""
+    from optpipe.problem import ChunkProfile
+
+    figures = dict(placement=(0, 1, 1, 0), forward=(1.0, 0.5, 0.5, 2.0),
+                   backward_input=(1.0, 0.5, 0.5, 2.0), backward_weight=(1.0, 0.5, 0.5, 1.0),
+                   activation=(300, 100, 100, 500), freed_by_b=(100, 50, 50, 400),
+                   freed_by_w=(200, 50, 50, 100), static=(900, 100), partition=(1, 1, 1, 1))
+    figures.update(change)
+    return ChunkProfile(**figures)
+
+
+def test_split_uses_measured_chunks_and_files_keep_them(tmp_path):
+    from dataclasses import replace
+
+    base = uniform_problem(2, 4, activation=400).with_budget(4000)
+    problem = replace(base, chunk_profiles=(_v_profile(),))
+    v = problem.split(v_placement(2))
+    assert v.forward == (1.0, 0.5, 0.5, 2.0) and v.activation == (300, 100, 100, 500)
+    assert v.static == (900, 100) and v.budget == (4000, 4000)
+    assert v.meta["per_chunk"] and v.meta["partition"] == [1, 1, 1, 1]
+    even = problem.split(interleaved_placement(2, 2))      # no profile: even split
+    assert even.activation == (200, 200, 200, 200) and "per_chunk" not in even.meta
+    for path in (tmp_path / "p.toml", tmp_path / "p.json"):
+        path.write_text(problem_to_toml(problem) if path.suffix == ".toml"
+                        else json.dumps(problem.to_dict()))
+        again = load_problem(path)
+        assert again == problem and again.hash() == problem.hash()
+    assert problem.hash() != base.hash()
+    # no chunk profiles: the dict (and so the hash the bundled library is keyed by)
+    # has no such key, as before the field existed
+    assert "chunk_profiles" not in base.to_dict()
+
+
+def test_the_simulator_and_the_solver_judge_measured_chunks():
+    """Where measured chunks differ from an even split, the one judge uses them: a V
+    schedule that fits the even split does not fit the measured cut, and the solver's
+    answer fits the measured cut."""
+    from dataclasses import replace
+
+    from optpipe.generators import generate
+    from optpipe.optimizer import solve
+    from optpipe.simulator import simulate
+
+    base = uniform_problem(2, 4, p2p=0.0, activation=400).with_budget(1800)
+    heavy = replace(base, chunk_profiles=(_v_profile(),))
+    schedule = generate("zb-v", base)
+    assert simulate(base, schedule).fits
+    assert not simulate(heavy, schedule).fits
+    result = solve(heavy, time_limit=10, progress=False, cache=False, offload=False)
+    assert result.sim.fits
+    assert simulate(heavy, result.schedule).peak_memory == result.sim.peak_memory
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(placement=(0, 1)), "more stages than devices"),
+    (dict(forward=(1.0, 1.0)), "'forward' has 2 entries"),
+    (dict(static=(1,)), "'static' has 1 entries"),
+    (dict(freed_by_b=(0, 0, 0, 0)), "must equal activation"),
+])
+def test_bad_chunk_profiles_are_named(change, message):
+    from dataclasses import replace
+
+    with pytest.raises(OptPipeError, match=message):
+        replace(uniform_problem(2, 4), chunk_profiles=(_v_profile(**change),))
+
+
+def test_bad_chunk_tables_in_files_are_named(tmp_path):
+    text = problem_to_toml(uniform_problem(2, 4))
+    path = tmp_path / "p.toml"
+    path.write_text(text + "[[chunked]]\nplacement = [0, 1, 1, 0]\nforward = [1, 1]\n")
+    with pytest.raises(OptPipeError, match="needs backward_input, activation, static"):
+        load_problem(path)
+    path.write_text(text + "[[chunked]]\nplacement = [0, 1, 1, 0]\nforward = [1, 1]\n"
+                    "backward_input = [1, 1, 1, 1]\nactivation = [1, 1, 1, 1]\n"
+                    "static = [0, 0]\n")
+    with pytest.raises(OptPipeError, match="'forward' must list 4 values"):
+        load_problem(path)

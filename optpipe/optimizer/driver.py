@@ -282,10 +282,24 @@ def _resolve_offload(problem: Problem, offload: bool | None, fixed: FixedSet,
 
 
 def _fused_faster(problem: Problem) -> bool:
-    """Is a measured fused backward shorter than B + W on some stage?"""
-    return problem.backward_fused is not None and any(
-        problem.bw_time(s) < problem.backward_input[s] + problem.backward_weight[s] - 1e-12
-        for s in range(problem.stages))
+    """Is a measured fused backward shorter than B + W on some stage, of the base
+    problem or of a measured chunked cut (:class:`~optpipe.problem.ChunkProfile`)?"""
+    figures = [(problem.backward_fused, problem.backward_input, problem.backward_weight)]
+    figures += [(c.backward_fused, c.backward_input, c.backward_weight)
+                for c in problem.chunk_profiles]
+    return any(fused is not None and any(f < b + w - 1e-12 for f, b, w in zip(fused, b_in, b_w))
+               for fused, b_in, b_w in figures)
+
+
+def _relax_fused(b_in: Sequence[float], b_w: Sequence[float],
+                 fused: Sequence[float] | None) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """B and W shortened so that a fused BW maps onto a B', W' pair no longer than it."""
+    b_in, b_w = list(b_in), list(b_w)
+    for s, bw in enumerate(fused or ()):
+        if bw < b_in[s] + b_w[s]:
+            b_in[s] = min(b_in[s], bw)
+            b_w[s] = max(0.0, bw - b_in[s])
+    return tuple(b_in), tuple(b_w)
 
 
 def _in_space(schedule: Schedule, split: bool, fused_faster: bool) -> bool:
@@ -519,14 +533,15 @@ def _fused_relaxed_bound(problem: Problem, spaces: list[_Space]) -> float | None
     """
     if not _fused_faster(problem):
         return None
-    b_in, b_w = list(problem.backward_input), list(problem.backward_weight)
-    for s in range(problem.stages):
-        bw = problem.bw_time(s)
-        if bw < b_in[s] + b_w[s]:
-            b_in[s] = min(b_in[s], bw)
-            b_w[s] = max(0.0, bw - b_in[s])
-    relaxed = replace(problem, backward_input=tuple(b_in), backward_weight=tuple(b_w),
-                      backward_fused=None)
+    b_in, b_w = _relax_fused(problem.backward_input, problem.backward_weight,
+                             problem.backward_fused)
+    chunks = []
+    for c in problem.chunk_profiles:     # measured cuts are relaxed the same way
+        c_in, c_w = _relax_fused(c.backward_input, c.backward_weight, c.backward_fused)
+        chunks.append(replace(c, backward_input=c_in, backward_weight=c_w,
+                              backward_fused=None))
+    relaxed = replace(problem, backward_input=b_in, backward_weight=b_w,
+                      backward_fused=None, chunk_profiles=tuple(chunks))
     return min(lower_bound(task_graph(relaxed, True, sp.placement)) for sp in spaces)
 
 

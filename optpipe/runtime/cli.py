@@ -10,9 +10,11 @@ process per device on this machine (gloo on CPU, NCCL with a GPU per device), tr
 few steps with the schedule, and prints the measured step time and peak memory next
 to the simulator's prediction on the profiled problem (``--problem FILE`` to reuse a
 profile). ``--gantt FILE`` draws the measured step. A chunked schedule (interleaved,
-V) is predicted on a second profile of the model cut into the schedule's stages, with
-the partition the runner uses for it; with ``--problem FILE`` (one stage per device)
-its chunks get an even split of each device's figures instead, and the output says so.
+V) is predicted on the model measured in the schedule's cut, with the partition the
+runner uses for it: the problem file's ``[[chunked]]`` profile of that placement
+(``optpipe profile`` writes the V shape's and interleaved 2 chunks'), or a profile
+taken now. Only a file without one splits each device's figures evenly, and the
+output says so.
 """
 
 from __future__ import annotations
@@ -41,6 +43,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--repeats", type=int, default=3, help="recorded profiling steps (default 3)")
     p.add_argument("-o", "--output", metavar="FILE",
                    help="problem file to write (default: print the TOML)")
+    p.add_argument("--no-chunks", action="store_true",
+                   help="measure only one stage per device, not also the V-shape and "
+                        "interleaved cuts (the optimizer then splits each device's figures "
+                        "evenly for those placements, which misjudges uneven models)")
     p.set_defaults(func=_profile)
 
     p = subparsers.add_parser(
@@ -152,16 +158,21 @@ def _p2p(args: argparse.Namespace, boundary: int, device: str) -> float:
 
 
 _FROM_ARGS = object()
+#: Generators whose schedule may put several stages on a device.
+CHUNKED_GENERATORS = ("zb-auto", "zb-v", "interleaved-1f1b")
 
 
 def profile_from_args(args: argparse.Namespace, placement: list[int] | None = None,
-                      partition: Any = _FROM_ARGS, p2p: float | None = None) -> Any:
+                      partition: Any = _FROM_ARGS, p2p: float | None = None,
+                      chunks: bool = False) -> Any:
     """Profile the model the options describe; the problem (base: one stage per device).
 
     ``placement`` (a chunked schedule's): profile the model cut into the schedule's
     stages, with the partition the runner uses for it, into the chunked problem
     (``profile_model(placement=...)``). ``partition`` overrides ``--partition``;
-    ``p2p`` (seconds) skips measuring the latency again.
+    ``p2p`` (seconds) skips measuring the latency again. ``chunks``: also measure the
+    model cut for the V shape and interleaved 2 chunks into the base problem's
+    ``chunk_profiles`` (:func:`_chunk_profiles`).
     """
     from optpipe.runtime.measure import parse_dtype
     from optpipe.runtime.profile import profile_gpt
@@ -187,14 +198,48 @@ def profile_from_args(args: argparse.Namespace, placement: list[int] | None = No
     meta = {**problem.meta, "model": args.model, "dtype": args.dtype,
             "micro_batch_size": args.micro_batch_size, "seq_len": config.seq_len,
             "layers": config.layers}
-    return replace(problem, p2p=p2p, meta=meta)
+    problem = replace(problem, p2p=p2p, meta=meta)
+    if chunks and placement is None:
+        problem = replace(problem, chunk_profiles=_chunk_profiles(args, problem))
+    return problem
+
+
+def _chunk_profiles(args: argparse.Namespace, base: Any) -> tuple:
+    """The model measured in the cuts of the chunked placements the optimizer searches.
+
+    Why: they regroup the model (the V shape puts the output head next to the
+    embedding), so an even split of the one-stage-per-device profile misjudges them; a
+    schedule solved on that went over its budget on a GPU (docs/gpu.md). Each cut uses
+    the partition the runner uses for it. A model with too few blocks for a cut skips it
+    (the optimizer then splits evenly there, as before).
+    """
+    from optpipe.problem import ChunkProfile
+    from optpipe.schedule import interleaved_placement, v_placement
+
+    devices = base.devices
+    if devices < 2:
+        return ()
+    profiles = []
+    for placement in (v_placement(devices), interleaved_placement(devices, 2)):
+        try:
+            chunked = profile_from_args(args, placement=placement, partition=None,
+                                        p2p=base.p2p)
+        except OptPipeError:         # fewer blocks than the cut has stages
+            continue
+        profiles.append(ChunkProfile(
+            placement=tuple(placement), forward=chunked.forward,
+            backward_input=chunked.backward_input, backward_weight=chunked.backward_weight,
+            backward_fused=chunked.backward_fused, activation=chunked.activation,
+            freed_by_b=chunked.freed_by_b, freed_by_w=chunked.freed_by_w,
+            static=chunked.static, partition=tuple(chunked.meta["partition"])))
+    return tuple(profiles)
 
 
 # ------------------------------------------------------------------ commands
 def _profile(args: argparse.Namespace) -> int:
     from optpipe.problem import problem_to_toml
 
-    problem = profile_from_args(args)
+    problem = profile_from_args(args, chunks=not args.no_chunks)
     text = (f"# measured by `optpipe profile` on {problem.meta['device']}: model "
             f"{args.model}, {args.dtype}, micro-batch size {args.micro_batch_size}, "
             f"partition {problem.meta['partition']}\n" + problem_to_toml(problem))
@@ -233,13 +278,22 @@ def _run(args: argparse.Namespace) -> int:
         if problem.microbatches != args.microbatches:
             problem = replace(problem, microbatches=args.microbatches)
         schedule = schedule_from_args(args, problem)
+        measured = problem.chunk_profile(schedule.placement) if is_chunked(schedule) else None
+        if measured is not None and measured.partition is not None and partition is None:
+            partition = list(measured.partition)     # run the cut that was measured
     else:
         # the base profile (one stage per device) generates the schedule; a --partition
         # with one count per chunk of a chunked schedule applies to the chunk profile only
         per_device = not isinstance(partition, list) or len(partition) == args.stages
-        base = profile_from_args(args, partition=partition if per_device else None)
+        # a schedule that may use chunks is generated on measured chunks (zb-auto
+        # chooses among placements by them)
+        chunks = partition is None and args.schedule in CHUNKED_GENERATORS
+        base = profile_from_args(args, partition=partition if per_device else None,
+                                 chunks=chunks)
         schedule = schedule_from_args(args, base)
-        if is_chunked(schedule):
+        if is_chunked(schedule) and base.chunk_profile(schedule.placement) is not None:
+            problem = base.split(list(schedule.placement))   # measured just now
+        elif is_chunked(schedule):
             # every chunk measured: the model cut into the schedule's stages exactly as
             # the runner will cut it, instead of an even split of the base profile
             problem = profile_from_args(args, placement=list(schedule.placement),
@@ -305,8 +359,8 @@ def _print(figures: dict[str, Any], schedule: Any, problem: Any,
     console.print(table)
     if figures["prediction"] == "per-chunk profile":
         console.print(f"predicted per chunk: the model profiled in the schedule's "
-                      f"{problem.stages} stages (partition {problem.meta.get('partition')}, "
-                      f"placement {problem.meta.get('placement')}), as the runner cuts it")
+                      f"{schedule.stages} stages (placement {list(schedule.placement)}), "
+                      f"as the runner cuts it")
     elif figures["prediction"] == "even split":
         console.print(f"note: chunk times are an even split: the problem has one stage per "
                       f"device, so each of the schedule's {schedule.stages} chunks is "

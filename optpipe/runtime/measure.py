@@ -177,13 +177,16 @@ def prediction_basis(problem: Problem, schedule: Schedule) -> str:
 
     ``"profile"``: one stage per device, each measured; ``"per-chunk profile"``: a chunked
     schedule on a problem whose every chunk was measured (``meta["per_chunk"]``, set by
-    the profiler); ``"even split"``: a chunked schedule on a base problem (or a
+    the profiler, or a base problem with a :class:`~optpipe.problem.ChunkProfile` of the
+    schedule's placement); ``"even split"``: a chunked schedule on a base problem (or a
     :meth:`Problem.split` of one), so each chunk gets ``1/v`` of its device's figures.
     """
     if not is_chunked(schedule):
         return "profile"
     if problem.chunks > 1 and problem.meta.get("per_chunk"):
         return "per-chunk profile"
+    if problem.chunks == 1 and problem.chunk_profile(schedule.placement) is not None:
+        return "per-chunk profile"                # the base problem carries that cut
     return "even split"
 
 
