@@ -24,13 +24,13 @@ only one way to make one.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Sequence
 
 from optpipe.errors import OptPipeError
 from optpipe.presets import (HardwarePreset, ModelPreset, list_hardware, list_models,
                              load_hardware_preset, load_model_preset)
-from optpipe.problem import Problem
+from optpipe.problem import ChunkProfile, Problem
 from optpipe.units import parse_bytes
 
 __all__ = [
@@ -421,6 +421,7 @@ def build_problem(model: str, hardware: str, stages: int, microbatches: int, *,
     }
     if config.recompute:
         meta["w_transient_bytes"] = [c.w_transient for c in costs]
+    profiles = chunk_profiles(m, hw, config, vocab=meta["vocab_padded"])
     return Problem(
         stages=stages, microbatches=microbatches,
         forward=tuple(c.forward for c in costs),
@@ -437,7 +438,50 @@ def build_problem(model: str, hardware: str, stages: int, microbatches: int, *,
         name=(f"{m.name} on {hw.name}: pp{stages} tp{tp} dp{dp} "
               f"mbs{micro_batch_size} seq{config.seq_len} M{microbatches}"),
         meta=meta,
+        chunk_profiles=profiles,
     )
+
+
+def chunk_profiles(model: ModelPreset, hardware: HardwarePreset, config: ParallelConfig,
+                   vocab: int) -> tuple[ChunkProfile, ...]:
+    """The V-shape and 2-interleaved-chunk cuts of the model, stage by stage.
+
+    Why not :meth:`Problem.split`'s even shares: a chunked placement regroups the model.
+    The V shape puts the last stage, with the output layer, on device 0 next to the
+    embedding. The 2-chunk interleaving puts it on the last device next to a middle
+    block. The even split instead kept the output layer's time and bytes where the
+    one-stage-per-device cut had it. The model is cut into ``2 S`` stages as evenly as
+    :func:`split_layers` cuts ``S``. Each device's static bytes count its stages'
+    parameters once, so a tied embedding whose output layer lands on the same device
+    (the V shape) is stored once, and one workspace per device. Models with fewer than
+    ``2 S`` layers get no cut (an even split stays their estimate).
+    """
+    from optpipe.schedule import interleaved_placement, v_placement
+
+    S = config.stages
+    if S < 2 or config.layer_split is not None or model.layers < 2 * S:
+        return ()
+    cut = replace(config, stages=2 * S, layer_split=None)
+    costs = stage_costs(model, hardware, cut)
+    per_param = bytes_per_param(config.sharded_optimizer, config.dp)
+    tied = _div(vocab * model.hidden, config.tp) if model.tied_embeddings else 0
+    profiles = []
+    for placement in (v_placement(S), interleaved_placement(S, 2)):
+        params = [0] * S
+        for stage, c in enumerate(costs):
+            params[placement[stage]] += c.params
+        if placement[0] == placement[-1]:        # the output layer shares the embedding
+            params[placement[0]] -= tied
+        profiles.append(ChunkProfile(
+            placement=tuple(placement), forward=tuple(c.forward for c in costs),
+            backward_input=tuple(c.backward_input for c in costs),
+            backward_weight=tuple(c.backward_weight for c in costs),
+            activation=tuple(c.activation for c in costs),
+            freed_by_b=tuple(c.freed_by_b for c in costs),
+            freed_by_w=tuple(c.freed_by_w for c in costs),
+            static=tuple(int(round(n * per_param)) + config.workspace for n in params),
+            partition=tuple(c.layers for c in costs)))
+    return tuple(profiles)
 
 
 def default_problem(stages: int = DEFAULT_STAGES, microbatches: int = DEFAULT_MICROBATCHES,

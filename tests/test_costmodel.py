@@ -229,3 +229,43 @@ def test_defaults_make_an_80gb_budget_matter():
     assert all(need > p.budget[s] for s, need in enumerate(zb_h2))
     # GPipe keeps all M microbatches.
     assert all(p.static[s] + M * p.activation[s] > p.budget[s] for s in range(S))
+
+
+def test_chunked_cuts_regroup_the_model_not_split_devices_evenly():
+    """The V-shape and 2-interleaved-chunk cuts: the same model in 2 S stages (totals
+    kept), the output layer where the placement puts the last stage (device 0 for the
+    V), and a tied embedding stored once when its output layer shares the device."""
+    from dataclasses import replace
+
+    from optpipe.costmodel import build_problem
+    from optpipe.schedule import interleaved_placement, v_placement
+
+    p = build_problem("gpt3-1.3b", "h100-80gb", stages=4, microbatches=8)
+    assert [list(c.placement) for c in p.chunk_profiles] == [v_placement(4),
+                                                            interleaved_placement(4, 2)]
+    eight = build_problem("gpt3-1.3b", "h100-80gb", stages=8, microbatches=8)
+    tied = p.meta["vocab_padded"] * 2048 * 16          # bf16 weight+grad, fp32 Adam
+    for c in p.chunk_profiles:
+        assert c.partition == tuple(eight.meta["layers_per_stage"])
+        assert sum(c.activation) == sum(p.activation)
+        assert sum(c.forward) == pytest.approx(sum(p.forward))
+        assert sum(c.backward_weight) == pytest.approx(sum(p.backward_weight))
+        assert c.forward == eight.forward and c.activation == eight.activation
+    v, inter = (p.split(c.placement) for c in p.chunk_profiles)
+    even = replace(p, chunk_profiles=()).split(v_placement(4))
+    # the output layer (the last stage's extra bytes) sits on device 0 in the V ...
+    head = eight.meta["extra_activation_bytes"][-1]
+    assert v.activation[-1] >= head and v.meta["per_chunk"]
+    assert v.activation[-1] > even.activation[-1]
+    # ... which then stores the tied embedding once
+    assert sum(v.static) == sum(p.static) - tied
+    assert sum(inter.static) == sum(p.static)
+
+
+def test_short_models_and_explicit_splits_keep_the_even_split():
+    from optpipe.costmodel import build_problem
+
+    assert build_problem("gpt3-1.3b", "h100-80gb", stages=16, microbatches=8,
+                         ).chunk_profiles == ()            # 24 layers < 32 chunks
+    assert build_problem("gpt3-1.3b", "h100-80gb", stages=4, microbatches=8,
+                         layer_split=[6, 6, 6, 6]).chunk_profiles == ()

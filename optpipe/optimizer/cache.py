@@ -28,9 +28,11 @@ _PACKAGE = Path(__file__).resolve().parent.parent
 #: Bumped when the search changes what a time-limited solve finds (2: periodic blocks
 #: as warm starts; 3: pipeoffload on interleaved and V placements, the memory round-trip
 #: bound; 4: the one-machine bound, the window search only where memory binds, HiGHS's
-#: horizon probes). A cached schedule from an older search that was not proven optimal
-#: is solved again: the same problem and time limit may now give a faster one.
-SEARCH_REVISION = 4
+#: horizon probes; 5: periodic blocks with exact steady-state memory rows, chunked
+#: placements judged on measured or modelled cuts where the problem has them). A cached
+#: schedule from an older search that was not proven optimal is solved again: the same
+#: problem and time limit may now give a faster one.
+SEARCH_REVISION = 5
 
 
 def cache_dir() -> Path:
