@@ -21,6 +21,7 @@ import argparse
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -202,7 +203,10 @@ def cuda_table() -> list[str]:
 
     if not torch.cuda.is_available():
         return ["(no CUDA device: the model was not compared with the real allocator)"]
-    problem = costmodel.build_problem("gpt3-1.3b", "h100-80gb", stages=4, microbatches=8)
+    # the traces compared on the H200 (2026-11-30, docs/gpu.md): interleaved 1F1B on an
+    # even split of each device's figures, as before the cost model's chunk profiles
+    problem = replace(costmodel.build_problem("gpt3-1.3b", "h100-80gb", stages=4,
+                                              microbatches=8), chunk_profiles=())
     traces = []
     for name in ("1f1b", "zb-h1", "interleaved-1f1b"):
         traces += traces_from_schedule(problem, generate(name, problem))[:2]

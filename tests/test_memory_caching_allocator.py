@@ -199,14 +199,25 @@ CUDA_PEAKS = {
 }
 
 
+def cuda_problem():
+    """The problem whose traces ran on the H200: interleaved 1F1B on an even split of
+    each device's figures, as the cost model gave before its chunk profiles (search
+    revision 5); ``scripts/bench_memplan.py --cuda`` replays the same."""
+    from dataclasses import replace
+
+    from optpipe import costmodel
+
+    return replace(costmodel.build_problem("gpt3-1.3b", "h100-80gb", stages=4,
+                                           microbatches=8), chunk_profiles=())
+
+
 @pytest.fixture(scope="module")
 def schedule_traces() -> dict[str, Trace]:
     """The traces of ``cuda_table()`` in scripts/bench_memplan.py, by name."""
-    from optpipe import costmodel
     from optpipe.generators import generate
     from optpipe.memory.trace import traces_from_schedule
 
-    problem = costmodel.build_problem("gpt3-1.3b", "h100-80gb", stages=4, microbatches=8)
+    problem = cuda_problem()
     traces = []
     for name in ("1f1b", "zb-h1", "interleaved-1f1b"):
         traces += traces_from_schedule(problem, generate(name, problem))[:2]

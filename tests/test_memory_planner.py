@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -163,7 +164,10 @@ def test_pipeline_traces_reach_the_peak_of_live_bytes(name):
 def test_buffers_one_by_one_fill_holes_whole_groups_cannot():
     # ZB-V's last device: whole microbatch parts leave holes that pieces of the
     # per-layer tensors fill; the grouped greedy misses the bound, the ungrouped hits it
-    problem = costmodel.build_problem("gpt3-6.7b", "h100-80gb", stages=8, microbatches=16)
+    # the trace this case was found on: ZB-V on an even split of each device's figures
+    # (the cost model's own V cut, since search revision 5, gives another trace)
+    problem = replace(costmodel.build_problem("gpt3-6.7b", "h100-80gb", stages=8,
+                                              microbatches=16), chunk_profiles=())
     t = traces_from_schedule(problem, generate("zb-v", problem))[7]
     p = plan(t, time_limit=5, workers=1)
     assert "ungrouped" in p.method and not p.details["grouped"]
