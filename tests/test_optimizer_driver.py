@@ -226,3 +226,34 @@ def test_periodic_blocks_start_the_search_when_memory_binds_hard() -> None:
     loose = solve(problem.activation_budget(4), time_limit=5, progress=False,
                   offload=False, cache=False)
     assert not [c for c in loose.fixed if c.name.startswith("periodic-")]
+
+
+def test_a_chunked_answer_on_an_even_split_says_it_is_an_estimate() -> None:
+    """Uneven stages and no measured cut of the answer's placement: the figures are an
+    even split of each device's, and the result says so; with the cut, or with
+    identical stages (where the even split is exact), it does not."""
+    from dataclasses import replace
+
+    from optpipe.problem import ChunkProfile
+    from optpipe.schedule import v_placement
+
+    base = uniform_problem(4, 8, p2p=0.05)
+    slow = (1.3, 1.0, 1.0, 1.6)
+    uneven = replace(base, forward=slow, backward_input=slow,
+                     backward_weight=slow).activation_budget(4)
+    result = solve(uneven, time_limit=10, progress=False, cache=False, offload=False)
+    assert list(result.schedule.placement) == v_placement(4)
+    assert "even split" in result.message and "estimates" in result.message
+    half = tuple(x / 2 for x in slow)
+    cut = ChunkProfile(placement=tuple(v_placement(4)),
+                       forward=tuple(half[d] for d in v_placement(4)),
+                       backward_input=tuple(half[d] for d in v_placement(4)),
+                       backward_weight=tuple(half[d] for d in v_placement(4)),
+                       activation=(500,) * 8, freed_by_b=(250,) * 8, freed_by_w=(250,) * 8,
+                       static=uneven.static)
+    measured = replace(uneven, chunk_profiles=(cut,))
+    result = solve(measured, time_limit=10, progress=False, cache=False, offload=False)
+    assert "even split" not in result.message
+    result = solve(base.activation_budget(4), time_limit=10, progress=False, cache=False,
+                   offload=False)
+    assert "even split" not in result.message

@@ -143,7 +143,10 @@ def solve(problem: Problem, *, solver: str = "auto", offload: bool | None = None
                                objective=prov.get("objective"), bound=prov.get("bound"),
                                gap=prov.get("gap"), wall_time=time.monotonic() - t0,
                                engine=str(prov.get("solver", "cache")),
-                               message=f"from {hit.path}", fixed=fixed.candidates)
+                               message="; ".join(filter(None, [
+                                   f"from {hit.path}",
+                                   _even_split_note(problem, hit.schedule)])),
+                               fixed=fixed.candidates)
 
     _add_periodic(problem, fixed, split_backward, use_offload,
                   time_limit * PERIODIC_SHARE, threads)
@@ -172,6 +175,9 @@ def solve(problem: Problem, *, solver: str = "auto", offload: bool | None = None
                          "engines model split backwards only: the bound is that of a "
                          "relaxation covering fused and mixed schedules too, so it is weaker")
     result = _choose(problem, runs, best_fixed, time.monotonic() - t0, union_bound, gap)
+    estimate = _even_split_note(problem, result.schedule)
+    if estimate:
+        notes.append(estimate)
     if notes:
         result.message = "; ".join(filter(None, [result.message] + notes))
     result.fixed = fixed.candidates
@@ -519,6 +525,29 @@ def _placement_proofs(problem: Problem, spaces: list[_Space], runs: list[EngineR
         out.append({"placement": label, "best": best, "bound": bound, "gap": g,
                     "optimal": g is not None and g <= gap + 1e-9})
     return out
+
+
+def _even_split_note(problem: Problem, schedule: Schedule) -> str | None:
+    """A warning when the answer's figures are an estimate, else None.
+
+    Why: a chunked answer (several stages per device) on a problem with no measured or
+    modelled cut of its placement is judged on an even split of each device's figures.
+    That is exact for identical stages and an estimate otherwise. The V shape regroups
+    a real model, and on a GPU such an answer exceeded its budget (docs/gpu.md).
+    """
+    placement = list(schedule.placement)
+    if placement == list(range(problem.devices)) or problem.chunk_profile(placement):
+        return None
+    per_stage = (problem.forward, problem.backward_input, problem.backward_weight,
+                 problem.activation, problem.freed_by_b) + (
+                     (problem.backward_fused,) if problem.backward_fused else ())
+    if all(len(set(values)) == 1 for values in per_stage):
+        return None
+    return (f"the answer puts {len(placement) // problem.devices} stages on each device "
+            f"(placement {placement}) and is judged on an even split of each device's "
+            f"times and bytes: the problem has no measured cut of that placement, so its "
+            f"step time and memory are estimates (optpipe profile writes the cuts; "
+            f"check with optpipe run)")
 
 
 def _fused_relaxed_bound(problem: Problem, spaces: list[_Space]) -> float | None:
