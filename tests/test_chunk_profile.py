@@ -167,7 +167,7 @@ def test_run_with_a_base_problem_file_says_even_split(tmp_path, capsys):
     path = tmp_path / "problem.toml"
     assert main(["profile", "--stages", "2", "--microbatches", "4", "--repeats", "1",
                  "--p2p", "0ms", "--no-chunks", "-o", str(path)]) == 0
-    capsys.readouterr()
+    assert "chunked cuts: not measured" in capsys.readouterr().out
     assert "[[chunked]]" not in path.read_text()
     args = ["run", "--problem", str(path), "--schedule", "zb-v", "--stages", "2",
             "--microbatches", "4", "--steps", "1", "--single-process"]
@@ -183,7 +183,7 @@ def test_a_profiled_file_carries_every_cut_the_optimizer_searches(tmp_path, caps
     path = tmp_path / "problem.toml"
     assert main(["profile", "--stages", "2", "--microbatches", "4", "--repeats", "1",
                  "--p2p", "0ms", "-o", str(path)]) == 0
-    capsys.readouterr()
+    assert "V shape and interleaved x2 measured" in capsys.readouterr().out
     problem = load_problem(path)
     assert [list(c.placement) for c in problem.chunk_profiles] == [[0, 1, 1, 0],
                                                                    [0, 1, 0, 1]]
@@ -216,3 +216,12 @@ def test_profile_under_load_needs_one_process_per_device():
     config = GPTConfig.from_preset("tiny-gpt")
     with pytest.raises(OptPipeError, match="one rank per device"):
         profile_gpt(config, 4, 4, repeats=1, processes=3)
+
+
+def test_profile_says_when_the_model_is_too_short_for_the_cuts(tmp_path, capsys):
+    path = tmp_path / "problem.toml"         # tiny-gpt: 4 blocks, the cuts need 8
+    assert main(["profile", "--stages", "4", "--microbatches", "4", "--repeats", "1",
+                 "--p2p", "0ms", "-o", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "chunked cuts: none measured" in out and "too few blocks for 8 stages" in out
+    assert load_problem(path).chunk_profiles == ()

@@ -250,9 +250,29 @@ def _profile(args: argparse.Namespace) -> int:
         print(f"wrote {args.output}  (F {_ms(problem.forward)}, B {_ms(problem.backward_input)}, "
               f"W {_ms(problem.backward_weight)}, {fused}activation "
               f"{', '.join(format_bytes(a) for a in problem.activation)} per microbatch)")
+        print(_cuts_line(problem, args))
     else:
         sys.stdout.write(text)
     return 0
+
+
+def _cuts_line(problem: Any, args: argparse.Namespace) -> str:
+    """Which chunked cuts the file holds, and why any is missing: without one, the
+    optimizer splits each device's figures evenly for that placement (an estimate)."""
+    if args.no_chunks:
+        return ("chunked cuts: not measured (--no-chunks); chunked placements will be "
+                "judged on an even split of each device's figures")
+    from optpipe.schedule import v_placement
+
+    measured = [("V shape" if list(c.placement) == v_placement(problem.devices) else
+                 "interleaved x2") for c in problem.chunk_profiles]
+    if len(measured) == 2:
+        return "chunked cuts: V shape and interleaved x2 measured ([[chunked]])"
+    if problem.devices < 2:
+        return "chunked cuts: none (one device)"
+    return (f"chunked cuts: {', '.join(measured) or 'none'} measured; the model has too few "
+            f"blocks for {2 * problem.devices} stages, so chunked placements will be judged "
+            f"on an even split of each device's figures (use --layers to deepen it)")
 
 
 def _ms(values: Any) -> str:
