@@ -249,7 +249,7 @@ def main() -> int:
     from dataclasses import asdict
 
     from optpipe.generators import generate
-    from optpipe.runtime import GPT, GPTConfig, OptPipeRunner, gpt_batch, gpt_loss
+    from optpipe.runtime import GPT, OptPipeRunner, gpt_batch, gpt_loss
     from optpipe.runtime.measure import parse_dtype
     from optpipe.runtime.profile import measure_host_bandwidth, profile_gpt
     from optpipe.runtime.verify import verify_worker, with_offload
