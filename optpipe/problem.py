@@ -38,6 +38,71 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 
+#: Per-stage figures, in seconds and in bytes, that a Problem and a ChunkProfile share.
+STAGE_TIMES = ("forward", "backward_input", "backward_weight")
+STAGE_BYTES = ("activation", "freed_by_b", "freed_by_w")
+
+
+def _coerce_figures(obj: Any) -> None:
+    """Store the per-stage figures (and ``static``) as tuples of floats and ints, and
+    ``backward_fused`` as floats or None: the one normal form both dataclasses keep."""
+    for key in STAGE_TIMES:
+        object.__setattr__(obj, key, tuple(float(x) for x in getattr(obj, key)))
+    for key in STAGE_BYTES + ("static",):
+        object.__setattr__(obj, key, tuple(int(x) for x in getattr(obj, key)))
+    if obj.backward_fused is not None:
+        try:
+            if isinstance(obj.backward_fused, (str, bytes)):
+                raise TypeError
+            fused = tuple(float(x) for x in obj.backward_fused)
+        except (TypeError, ValueError):
+            raise OptPipeError(f"'backward_fused' must list one time in seconds per "
+                               f"stage, got {obj.backward_fused!r}") from None
+        object.__setattr__(obj, "backward_fused", fused)
+
+
+def _check_figures(obj: Any, stages: int, devices: int, prefix: str = "",
+                   stage_count: str = "there are {n} stages") -> None:
+    """Reject per-stage figures of the wrong length, negative ones, releases that do
+    not add up to the activation and a fused backward that is not a positive time;
+    every message starts with ``prefix`` (which chunk profile, for those)."""
+    counted = stage_count.format(n=stages)
+    for key in STAGE_TIMES + STAGE_BYTES:
+        values = getattr(obj, key)
+        if len(values) != stages:
+            raise OptPipeError(f"{prefix}'{key}' has {len(values)} entries but {counted}")
+        if any(v < 0 for v in values):
+            raise OptPipeError(f"{prefix}'{key}' must not be negative: {list(values)}")
+    if len(obj.static) != devices:
+        raise OptPipeError(f"{prefix}'static' has {len(obj.static)} entries but there "
+                           f"are {devices} devices")
+    for s in range(stages):
+        if obj.freed_by_b[s] + obj.freed_by_w[s] != obj.activation[s]:
+            raise OptPipeError(
+                f"{prefix}stage {s}: freed_by_backward_input + freed_by_backward_weight "
+                f"({obj.freed_by_b[s]} + {obj.freed_by_w[s]}) must equal activation "
+                f"({obj.activation[s]}); omit freed_by_backward_weight to derive it")
+    if obj.backward_fused is not None:
+        if len(obj.backward_fused) != stages:
+            raise OptPipeError(f"{prefix}'backward_fused' has {len(obj.backward_fused)} "
+                               f"entries but {counted}")
+        if not all(v > 0 and math.isfinite(v) for v in obj.backward_fused):
+            raise OptPipeError(f"{prefix}'backward_fused' must be positive and finite: "
+                               f"{list(obj.backward_fused)}; omit it to time a fused "
+                               f"backward as backward_input + backward_weight")
+
+
+def _file_keys(data: dict[str, Any]) -> dict[str, Any]:
+    """``asdict`` data with the file schema's names for the releases, lists for tuples,
+    and the optional fields left out when unset (so hashes of older problems stay)."""
+    data["freed_by_backward_input"] = data.pop("freed_by_b")
+    data["freed_by_backward_weight"] = data.pop("freed_by_w")
+    for key in ("backward_fused", "partition"):
+        if key in data and data[key] is None:
+            del data[key]
+    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in data.items()}
+
+
 @dataclass(frozen=True)
 class ChunkProfile:
     """Measured figures of the model cut for one chunked placement (V shape, interleaved).
@@ -69,22 +134,27 @@ class ChunkProfile:
         object.__setattr__(self, "placement", tuple(int(d) for d in self.placement))
         if self.partition is not None:
             object.__setattr__(self, "partition", tuple(int(b) for b in self.partition))
-        for key in ("forward", "backward_input", "backward_weight"):
-            object.__setattr__(self, key, tuple(float(x) for x in getattr(self, key)))
-        for key in ("activation", "freed_by_b", "freed_by_w", "static"):
-            object.__setattr__(self, key, tuple(int(x) for x in getattr(self, key)))
-        if self.backward_fused is not None:
-            object.__setattr__(self, "backward_fused",
-                               tuple(float(x) for x in self.backward_fused))
+        _coerce_figures(self)
+
+    @classmethod
+    def from_problem(cls, chunked: "Problem") -> "ChunkProfile":
+        """The figures of a chunked problem (``meta["placement"]``, as
+        :func:`~optpipe.runtime.profile.profile_model` builds one per cut)."""
+        partition = chunked.meta.get("partition")
+        return cls(placement=tuple(chunked.meta["placement"]), **_figures(chunked),
+                   partition=None if partition is None else tuple(partition))
+
+    def figures(self) -> dict[str, Any]:
+        """The fields a chunked :class:`Problem` takes from this profile."""
+        return _figures(self)
 
     def to_dict(self) -> dict[str, Any]:
-        data = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
-        data["freed_by_backward_input"] = data.pop("freed_by_b")
-        data["freed_by_backward_weight"] = data.pop("freed_by_w")
-        for key in ("backward_fused", "partition"):
-            if data[key] is None:
-                del data[key]
-        return data
+        return _file_keys(asdict(self))
+
+
+def _figures(obj: Any) -> dict[str, Any]:
+    return {key: getattr(obj, key)
+            for key in STAGE_TIMES + STAGE_BYTES + ("static", "backward_fused")}
 
 
 @dataclass(frozen=True)
@@ -127,20 +197,8 @@ class Problem:
     def __post_init__(self) -> None:
         if self.devices == 0:
             object.__setattr__(self, "devices", self.stages)
-        for key in ("forward", "backward_input", "backward_weight"):
-            object.__setattr__(self, key, tuple(float(x) for x in getattr(self, key)))
-        for key in ("activation", "freed_by_b", "freed_by_w", "static"):
-            object.__setattr__(self, key, tuple(int(x) for x in getattr(self, key)))
+        _coerce_figures(self)
         object.__setattr__(self, "budget", tuple(float(x) for x in self.budget))
-        if self.backward_fused is not None:
-            try:
-                if isinstance(self.backward_fused, (str, bytes)):
-                    raise TypeError
-                fused = tuple(float(x) for x in self.backward_fused)
-            except (TypeError, ValueError):
-                raise OptPipeError(f"'backward_fused' must list one time in seconds per "
-                                   f"stage, got {self.backward_fused!r}") from None
-            object.__setattr__(self, "backward_fused", fused)
         profiles = tuple(c if isinstance(c, ChunkProfile) else _chunk_profile(c)
                          for c in self.chunk_profiles)
         object.__setattr__(self, "chunk_profiles", profiles)
@@ -156,32 +214,10 @@ class Problem:
         if self.devices < 1 or self.stages % self.devices:
             raise OptPipeError(
                 f"{self.stages} stages cannot be spread evenly over {self.devices} devices")
-        for key in ("forward", "backward_input", "backward_weight", "activation",
-                    "freed_by_b", "freed_by_w"):
-            values = getattr(self, key)
-            if len(values) != self.stages:
-                raise OptPipeError(
-                    f"'{key}' has {len(values)} entries but there are {self.stages} stages")
-            if any(v < 0 for v in values):
-                raise OptPipeError(f"'{key}' must not be negative: {list(values)}")
-        for key in ("static", "budget"):
-            if len(getattr(self, key)) != self.devices:
-                raise OptPipeError(f"'{key}' has {len(getattr(self, key))} entries but there "
-                                   f"are {self.devices} devices")
-        for s in range(self.stages):
-            if self.freed_by_b[s] + self.freed_by_w[s] != self.activation[s]:
-                raise OptPipeError(
-                    f"stage {s}: freed_by_backward_input + freed_by_backward_weight "
-                    f"({self.freed_by_b[s]} + {self.freed_by_w[s]}) must equal activation "
-                    f"({self.activation[s]}); omit freed_by_backward_weight to derive it")
-        if self.backward_fused is not None:
-            if len(self.backward_fused) != self.stages:
-                raise OptPipeError(f"'backward_fused' has {len(self.backward_fused)} entries "
-                                   f"but there are {self.stages} stages")
-            if not all(v > 0 and math.isfinite(v) for v in self.backward_fused):
-                raise OptPipeError(f"'backward_fused' must be positive and finite: "
-                                   f"{list(self.backward_fused)}; omit it to time a fused "
-                                   f"backward as backward_input + backward_weight")
+        if len(self.budget) != self.devices:
+            raise OptPipeError(f"'budget' has {len(self.budget)} entries but there are "
+                               f"{self.devices} devices")
+        _check_figures(self, self.stages, self.devices)
         self._validate_chunk_profiles()
         if self.p2p < 0:
             raise OptPipeError(f"p2p latency must not be negative, got {self.p2p}")
@@ -202,22 +238,8 @@ class Problem:
                 raise OptPipeError(f"{where}: give each chunked placement (more stages "
                                    f"than devices) once")
             seen.add(tuple(placement))
-            n = len(placement)
-            for key in ("forward", "backward_input", "backward_weight", "activation",
-                        "freed_by_b", "freed_by_w") + (
-                            ("backward_fused",) if c.backward_fused is not None else ()):
-                values = getattr(c, key)
-                if len(values) != n:
-                    raise OptPipeError(f"{where}: '{key}' has {len(values)} entries but "
-                                       f"the placement has {n} stages")
-                if any(v < 0 for v in values):
-                    raise OptPipeError(f"{where}: '{key}' must not be negative")
-            if len(c.static) != self.devices:
-                raise OptPipeError(f"{where}: 'static' has {len(c.static)} entries but "
-                                   f"there are {self.devices} devices")
-            if any(b + w != a for a, b, w in zip(c.activation, c.freed_by_b, c.freed_by_w)):
-                raise OptPipeError(f"{where}: freed_by_backward_input + "
-                                   f"freed_by_backward_weight must equal activation")
+            _check_figures(c, len(placement), self.devices, prefix=f"{where}: ",
+                           stage_count="the placement has {n} stages")
 
     def chunk_profile(self, placement: Sequence[int]) -> ChunkProfile | None:
         """The measured figures for ``placement``, or None (then :meth:`split` divides
@@ -267,12 +289,7 @@ class Problem:
         measured = self.chunk_profile(placement)
         if measured is not None:
             return replace(
-                self, stages=len(placement), forward=measured.forward,
-                backward_input=measured.backward_input,
-                backward_weight=measured.backward_weight,
-                backward_fused=measured.backward_fused, activation=measured.activation,
-                freed_by_b=measured.freed_by_b, freed_by_w=measured.freed_by_w,
-                static=measured.static, chunk_profiles=(),
+                self, stages=len(placement), **measured.figures(), chunk_profiles=(),
                 meta={**self.meta, "placement": placement, "per_chunk": True,
                       "partition": (None if measured.partition is None
                                     else list(measured.partition))})
@@ -324,14 +341,10 @@ class Problem:
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready data (seconds and bytes) that :func:`problem_from_dict` reads."""
         data = asdict(self)
-        data["freed_by_backward_input"] = data.pop("freed_by_b")
-        data["freed_by_backward_weight"] = data.pop("freed_by_w")
-        if data["backward_fused"] is None:   # absent, as before the field existed
-            del data["backward_fused"]
-        del data["chunk_profiles"]           # likewise: only when there are some
+        del data["chunk_profiles"]           # only when there are some, like backward_fused
         if self.chunk_profiles:
             data["chunk_profiles"] = [c.to_dict() for c in self.chunk_profiles]
-        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in data.items()}
+        return _file_keys(data)
 
     def hash(self) -> str:
         """Stable content hash (name and metadata excluded): the cache key of a solve.

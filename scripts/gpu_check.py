@@ -82,8 +82,7 @@ def prefetched(schedule, ahead: int = 1):
     lists = []
     for acts in schedule.actions:
         acts = list(acts)
-        for k in [k for k, a in enumerate(acts) if a.op is Op.RELOAD]:
-            reload = acts[k]
+        for reload in [a for a in acts if a.op is Op.RELOAD]:
             k = acts.index(reload)
             floor = next(i for i, a in enumerate(acts) if a.op is Op.OFFLOAD
                          and (a.stage, a.microbatch) == (reload.stage, reload.microbatch))
@@ -206,16 +205,25 @@ def nccl_check(worlds: list[int], device: str) -> bool:
                   f"{' (ranks share a GPU)' if shared else ''}: {lines[-1] if lines else exc}")
             ok &= shared
             continue
-        reports = [r for rank in per_rank for r in rank]
-        bad = [r for r in reports if r["grad_diff"] >= 1e-10 or r["loss_diff"] >= 1e-10
-               or r["leftover"]]
-        worst = max(r["grad_diff"] for r in reports)
-        print(f"[7] {backend}, {world} ranks on {gpus or 'no'} GPU(s): {len(reports)} rank x "
-              f"schedule x model runs, worst grad diff {worst:.1e}, {len(bad)} failing")
-        for r in bad:
-            print(f"    FAIL rank {r['rank']} {r['model']} {r['schedule']}: {r}")
-        ok &= not bad
+        ok &= report_runs(f"[7] {backend}, {world} ranks on {gpus or 'no'} GPU(s)",
+                          [r for rank in per_rank for r in rank], "rank x schedule x model")
     return ok
+
+
+def report_runs(label: str, reports: list[dict], what: str, offload: bool = False) -> bool:
+    """Print one line for :func:`verify_worker` reports and a FAIL line per failing run;
+    whether all passed (gradients and loss within 1e-10, nothing left filed, and with
+    ``offload`` every offloaded microbatch moved and emptied)."""
+    bad = [r for r in reports if r["grad_diff"] >= 1e-10 or r["loss_diff"] >= 1e-10
+           or r["leftover"]
+           or (offload and (not r["offload_moved"] or not r["offload_emptied"]))]
+    worst = max(r["grad_diff"] for r in reports)
+    print(f"{label}: {len(reports)} {what} runs, worst grad diff {worst:.1e}, "
+          f"{len(bad)} failing")
+    for r in bad:
+        rank = "" if r["rank"] is None else f"rank {r['rank']} "
+        print(f"    FAIL {rank}{r['model']} {r['schedule']}: {r}")
+    return not bad
 
 
 def main() -> int:
@@ -264,14 +272,8 @@ def main() -> int:
     # 1. correctness ------------------------------------------------------------
     for devices in (2, 4):
         reports = verify_worker(None, devices, microbatches=4, device=args.device)
-        bad = [r for r in reports if r["grad_diff"] >= 1e-10 or r["loss_diff"] >= 1e-10
-               or r["leftover"] or not r["offload_moved"] or not r["offload_emptied"]]
-        worst = max(r["grad_diff"] for r in reports)
-        print(f"[1] {devices} logical devices: {len(reports)} schedule x model runs, worst "
-              f"grad diff {worst:.1e}, {len(bad)} failing")
-        for r in bad:
-            print(f"    FAIL {r['model']} {r['schedule']}: {r}")
-        ok &= not bad
+        ok &= report_runs(f"[1] {devices} logical devices", reports, "schedule x model",
+                          offload=True)
 
     # 2. F/B/W/BW times ----------------------------------------------------------
     config = gpt_config(args)

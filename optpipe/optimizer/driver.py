@@ -818,10 +818,9 @@ class _LiveLine:
     def __call__(self, elapsed: float, best: float | None, bound: float | None,
                  gap: float | None) -> None:
         from optpipe.units import format_seconds
-        if best is not None:   # several runs report in turn: show the best so far
-            self.best = best if self.best is None else min(self.best, best)
-        if bound is not None:
-            self.bound = bound
+        # the search's own view (_SearchProgress): kept for the next throttled print
+        self.best = best if best is not None else self.best
+        self.bound = bound if bound is not None else self.bound
         if elapsed < self.delay:
             return
         if not self.tty and elapsed - self.last_print < self.every:

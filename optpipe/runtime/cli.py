@@ -226,12 +226,7 @@ def _chunk_profiles(args: argparse.Namespace, base: Any) -> tuple:
                                         p2p=base.p2p)
         except OptPipeError:         # fewer blocks than the cut has stages
             continue
-        profiles.append(ChunkProfile(
-            placement=tuple(placement), forward=chunked.forward,
-            backward_input=chunked.backward_input, backward_weight=chunked.backward_weight,
-            backward_fused=chunked.backward_fused, activation=chunked.activation,
-            freed_by_b=chunked.freed_by_b, freed_by_w=chunked.freed_by_w,
-            static=chunked.static, partition=tuple(chunked.meta["partition"])))
+        profiles.append(ChunkProfile.from_problem(chunked))
     return tuple(profiles)
 
 
