@@ -319,6 +319,17 @@ def v_placement(devices: int) -> list[int]:
     return list(range(devices)) + list(range(devices - 1, -1, -1))
 
 
+def placement_name(placement: Iterable[int], devices: int) -> str | None:
+    """``linear``, ``v`` or ``interleaved`` (2 chunks) when ``placement`` is one of the
+    placements the optimizer searches, else None."""
+    placement = list(placement)
+    for name, known in (("linear", linear_placement(devices)), ("v", v_placement(devices)),
+                        ("interleaved", interleaved_placement(devices, 2))):
+        if placement == known:
+            return name
+    return None
+
+
 def from_orders(name: str, placement: list[int], microbatches: int,
                 orders: Iterable[Iterable[tuple[str | Op, int, int]]],
                 provenance: dict[str, Any] | None = None) -> Schedule:

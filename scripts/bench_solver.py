@@ -60,9 +60,10 @@ def bench_problem(stages: int, microbatches: int, k: float, hetero: bool) -> Pro
 
 def run_case(stages: int, microbatches: int, k_label: str, k: float, hetero: bool,
              engines: list[str], offloads: list[bool], time_limit: float,
-             threads: int) -> dict[str, Any]:
+             threads: int, placements: list[str] | None = None) -> dict[str, Any]:
     from optpipe.generators import GENERATORS, generate
     from optpipe.optimizer.driver import solve
+    from optpipe.schedule import placement_name
     from optpipe.simulator import simulate
 
     problem = bench_problem(stages, microbatches, k, hetero)
@@ -75,23 +76,28 @@ def run_case(stages: int, microbatches: int, k_label: str, k: float, hetero: boo
             schedule = generate(name, problem)
             sim = simulate(problem, schedule)
             row["fixed"][name] = {"bubble": sim.bubble_rate, "makespan": sim.makespan,
-                                  "fits": sim.fits, "offloads": schedule.offloads}
+                                  "fits": sim.fits, "offloads": schedule.offloads,
+                                  "placement": placement_name(schedule.placement,
+                                                              schedule.devices)}
         except OptPipeError as exc:
             row["fixed"][name] = {"error": str(exc)}
+    only = f"/{'+'.join(placements)}" if placements else ""
     for engine in engines:
         for offload in offloads:
+            column = f"{engine}/{'off' if offload else 'nooff'}{only}"
             t0 = time.monotonic()
             try:
                 res = solve(problem, solver=engine, offload=offload, time_limit=time_limit,
-                            threads=threads, cache=False, progress=False)
+                            threads=threads, cache=False, progress=False,
+                            placements=placements)
             except OptPipeError as exc:
-                row["solve"][f"{engine}/{'off' if offload else 'nooff'}"] = {"error": str(exc)}
+                row["solve"][column] = {"error": str(exc)}
                 continue
             wall = time.monotonic() - t0
             sim = simulate(problem, res.schedule)  # judged again, independently
             bound_bubble = (None if res.bound is None else
                             1 - sum(sim.device_busy) / (problem.devices * res.bound))
-            row["solve"][f"{engine}/{'off' if offload else 'nooff'}"] = {
+            row["solve"][column] = {
                 "bubble": sim.bubble_rate, "makespan": sim.makespan, "fits": sim.fits,
                 "status": res.status, "bound": res.bound, "bound_bubble": bound_bubble,
                 "gap": res.gap, "time": wall, "offloads": res.schedule.offloads,
@@ -133,7 +139,7 @@ def render(rows: list[dict[str, Any]]) -> str:
                 cells.append("error")
             else:
                 better = ""
-                ref = _best_fixed(r, offload=k.endswith("/off"))
+                ref = _best_fixed(r, offload="/off" in k, only=_column_placements(k))
                 if ref:
                     gain = 1 - v["makespan"] / ref
                     better = f", {gain * 100:.1f}% faster than best fixed" \
@@ -155,10 +161,19 @@ def _placement_cell(v: dict[str, Any]) -> str:
     return "".join(f" · {pl['placement']} optimal {_pct(pl['bubble'])}" for pl in proven)
 
 
-def _best_fixed(row: dict[str, Any], offload: bool) -> float | None:
-    """Best fitting fixed makespan a solve with/without offload is compared with."""
+def _column_placements(column: str) -> list[str] | None:
+    """``cpsat/nooff/linear`` -> ["linear"]: the placements a column's solves allowed."""
+    parts = column.split("/")
+    return parts[2].split("+") if len(parts) > 2 else None
+
+
+def _best_fixed(row: dict[str, Any], offload: bool,
+                only: list[str] | None = None) -> float | None:
+    """Best fitting fixed makespan a solve with/without offload (on ``only`` those
+    placements, when restricted) is compared with."""
     spans = [v["makespan"] for name, v in row["fixed"].items() if v.get("fits") and
-             (offload or not v.get("offloads", name == "pipeoffload"))]
+             (offload or not v.get("offloads", name == "pipeoffload"))
+             and (only is None or v.get("placement") in only)]
     return min(spans, default=None)
 
 
@@ -223,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engines", default="cpsat", help="comma list: cpsat,highs,gurobi")
     ap.add_argument("--offload", choices=["no", "yes", "both"], default="both")
     ap.add_argument("--hetero", action="store_true", help="first/last stages slower")
+    ap.add_argument("--placements", help="comma list the solves may use (solve's "
+                    "placements=, e.g. linear); results go to their own column")
     ap.add_argument("--time-limit", type=float, default=60.0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-write", action="store_true", help="print only")
@@ -251,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
         for mult in (float(x) for x in args.budgets.split(",")):
             label = {0.5: "S/2", 1.0: "S", 2.0: "2S"}.get(mult, f"{mult:g}S")
             row = run_case(stages, microbatches, label, mult * stages, args.hetero, engines,
-                           offloads, limit, args.threads)
+                           offloads, limit, args.threads,
+                           args.placements.split(",") if args.placements else None)
             same = [r for r in rows if (
                 r["stages"] == stages and r["microbatches"] == microbatches and
                 r["budget"] == label and r["hetero"] == args.hetero)]

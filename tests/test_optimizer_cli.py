@@ -64,3 +64,21 @@ def test_solve_infeasible_is_one_line(tmp_path, problem_file, capsys) -> None:
     assert code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("optpipe: error: no schedule fits") and "\n" not in err
+
+
+def test_solve_placements(tmp_path, problem_file, capsys) -> None:
+    """``--placements linear``: a one-stage-per-device answer, and the fixed schedules on
+    other placements marked as not allowed; a misspelt placement is one line."""
+    path, _ = problem_file
+    out = tmp_path / "s.json"
+    code = main(["solve", "--problem", str(path), "--mem", "3GB", "--time-limit", "10",
+                 "-o", str(out), "--no-gantt", "--quiet", "--placements", "linear"])
+    assert code == 0
+    assert load_schedule(out).placement == [0, 1, 2]
+    text = capsys.readouterr().out
+    assert "placement not allowed" in text
+    code = main(["solve", "--problem", str(path), "--mem", "3GB", "--time-limit", "5",
+                 "-o", str(out), "--no-gantt", "--placements", "linear,zigzag"])
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("optpipe: error: unknown placement zigzag") and "\n" not in err

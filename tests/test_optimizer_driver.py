@@ -257,3 +257,46 @@ def test_a_chunked_answer_on_an_even_split_says_it_is_an_estimate() -> None:
     result = solve(base.activation_budget(4), time_limit=10, progress=False, cache=False,
                    offload=False)
     assert "even split" not in result.message
+
+
+def test_placements_restrict_the_answer_and_its_bound(private_cache) -> None:
+    """``placements`` limits what may be returned and what the bound covers; the fixed
+    schedules on other placements stay in the comparison, and the restricted solve has
+    its own cache entry."""
+    from optpipe.schedule import linear_placement, placement_name, v_placement
+
+    problem = uniform_problem(4, 8, p2p=0.05).activation_budget(2)
+    free = solve(problem, time_limit=10, progress=False, offload=False, cache=False)
+    assert placement_name(free.schedule.placement, 4) != "linear"   # V blocks win here
+    only = solve(problem, time_limit=10, progress=False, offload=False,
+                 placements=["linear"])
+    assert list(only.schedule.placement) == linear_placement(4)
+    assert only.sim.fits and only.schedule.provenance["allowed_placements"] == ["linear"]
+    assert [p["placement"] for p in only.placements] == ["linear"]
+    # the bound is one stage per device's: above the V answer, below its own answer
+    assert free.sim.makespan < only.bound <= only.sim.makespan * (1 + 1e-9)
+    best_linear = min(c.makespan for c in fixed_schedules(problem).candidates
+                      if c.fits and not c.schedule.offloads
+                      and list(c.schedule.placement) == linear_placement(4))
+    assert only.sim.makespan <= best_linear * (1 + 1e-9)
+    assert any(list(c.schedule.placement) == v_placement(4) for c in only.fixed)
+    assert len(list(private_cache.glob("*only-linear*.json"))) == 1
+    again = solve(problem, time_limit=10, progress=False, offload=False,
+                  placements=["linear"])
+    assert again.status == CACHED
+    assert list(again.schedule.placement) == linear_placement(4)
+    v_only = solve(problem, time_limit=10, progress=False, offload=False, cache=False,
+                   placements=["v"])
+    assert list(v_only.schedule.placement) == v_placement(4) and v_only.sim.fits
+    # all three named is the unrestricted solve (same cache key, no provenance entry)
+    every = solve(problem, time_limit=10, progress=False, offload=False,
+                  placements=["interleaved", "V", "linear"])
+    assert "allowed_placements" not in every.schedule.provenance
+
+
+def test_bad_placements_are_clear_errors() -> None:
+    problem = uniform_problem(4, 8)
+    with pytest.raises(OptPipeError, match="unknown placement zigzag; choose from"):
+        solve(problem, progress=False, placements=["linear", "zigzag"])
+    with pytest.raises(OptPipeError, match="only placement is linear"):
+        solve(uniform_problem(1, 4), progress=False, placements=["v"])

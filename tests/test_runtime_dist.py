@@ -118,5 +118,5 @@ def test_torchrun_env_launch():
                "--schedule", "zb-v", "--layers", "4", "--microbatches", "4", "--steps", "2"]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
     errors = "\n".join(line for line in done.stderr.splitlines() if not line.startswith("W"))
-    assert done.returncode == 0, errors[-3000:]
+    assert done.returncode == 0, done.stdout[-1000:] + errors[-3000:]
     assert "step 1: loss" in done.stdout and "(zb-v, 2 ranks, gloo)" in done.stdout

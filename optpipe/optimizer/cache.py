@@ -47,10 +47,13 @@ def library_dirs() -> list[Path]:
 
 
 def cache_key(problem: Problem, *, solver: str, split_backward: bool, offload: bool,
-              levels: Sequence[float]) -> str:
-    """File stem for a solve: problem hash + the options that change the answer."""
+              levels: Sequence[float], placements: Sequence[str] | None = None) -> str:
+    """File stem for a solve: problem hash + the options that change the answer
+    (``placements``: the allowed ones when restricted; None = all, no suffix)."""
     parts = [problem.hash(), solver, "split" if split_backward else "fused"]
     parts.append("offload-" + "-".join(f"{x:g}" for x in levels) if offload else "nooffload")
+    if placements is not None:
+        parts.append("only-" + "-".join(placements))
     return "_".join(parts)
 
 

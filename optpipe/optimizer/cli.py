@@ -45,6 +45,10 @@ def register(subparsers: Any) -> None:
     g.add_argument("--fused-backward", action="store_true",
                    help="schedule fused backwards (BW) only, for runtimes that cannot "
                         "split B and W")
+    g.add_argument("--placements", metavar="LIST",
+                   help="stage placements the schedule may use, of linear (one stage per "
+                        "device), v and interleaved (2 chunks per device); e.g. linear "
+                        "for a runtime that runs one stage per device (default: all)")
     g.add_argument("--time-limit", type=float, default=60.0, metavar="SECONDS",
                    help="wall-clock limit for the whole command, start-up and chart "
                         "included (default 60)")
@@ -118,7 +122,8 @@ def run(args: argparse.Namespace) -> int:
                    split_backward=not args.fused_backward, time_limit=limit,
                    gap=args.gap, threads=args.threads, cache=not args.no_cache,
                    progress=not (args.quiet or args.json),
-                   offload_levels=_levels(args.offload_levels))
+                   offload_levels=_levels(args.offload_levels),
+                   placements=args.placements.split(",") if args.placements else None)
     out = Path(args.output)
     result.schedule.save(out)
     chart = None
@@ -156,11 +161,18 @@ def _fixed_rows(result: Any) -> list[tuple[str, Any, str]]:
         names = list(GENERATORS)
     except ImportError:
         names = []
+    from optpipe.schedule import placement_name
+
     by_name = {c.name: c for c in result.fixed}
+    allowed = result.schedule.provenance.get("allowed_placements")
     rows = []
     for name in names:
         c = by_name.get(name)
-        rows.append((name, c.result if c else None, "" if c else "not applicable"))
+        note = "" if c else "not applicable"
+        if c and allowed and placement_name(c.schedule.placement,
+                                            c.schedule.devices) not in allowed:
+            note = "placement not allowed (--placements)"
+        rows.append((name, c.result if c else None, note))
     if result.status == "fallback" and result.schedule.name not in names:
         rows.append((result.schedule.name, result.sim, "fallback"))
     return rows

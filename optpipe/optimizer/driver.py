@@ -29,11 +29,14 @@ from optpipe.optimizer.preprocess import (Candidate, FixedSet, fixed_schedules,
 from optpipe.optimizer.result import (ERROR, FEASIBLE, OPTIMAL, EngineResult, ProgressFn,
                                       relative_gap)
 from optpipe.problem import Problem
-from optpipe.schedule import Schedule, linear_placement
+from optpipe.schedule import Schedule, linear_placement, placement_name
 from optpipe.simulator import SimResult, simulate
 from optpipe.units import format_bytes
 
 SOLVERS = ("auto", "cpsat", "highs", "gurobi")
+#: Placements the search may use (``placements=`` of :func:`solve`, ``--placements``):
+#: one stage per device, the V shape, interleaved with 2 chunks per device.
+PLACEMENTS = ("linear", "v", "interleaved")
 #: ``offload=None`` runs the offload model only up to this many tasks (S x M): beyond it
 #: the circuit model is too large to improve on the order model within a minute.
 OFFLOAD_AUTO_MAX_CELLS = 256
@@ -100,7 +103,8 @@ class SolveResult:
 def solve(problem: Problem, *, solver: str = "auto", offload: bool | None = None,
           split_backward: bool = True, time_limit: float = 60.0, gap: float = 0.0,
           threads: int = 2, cache: bool = True, progress: bool | ProgressFn = True,
-          offload_levels: Sequence[float] = DEFAULT_LEVELS) -> SolveResult:
+          offload_levels: Sequence[float] = DEFAULT_LEVELS,
+          placements: Sequence[str] | None = None) -> SolveResult:
     """The fastest schedule found for ``problem`` within its per-device budgets.
 
     ``solver``: ``auto`` (CP-SAT, the fastest engine in the benchmark, see
@@ -111,8 +115,12 @@ def solve(problem: Problem, *, solver: str = "auto", offload: bool | None = None
     ``split_backward``: model B and W separately (what zero-bubble schedules need);
     False schedules fused backwards only. ``time_limit`` covers the whole call.
     ``progress``: True prints a live line on stderr during long solves; a callable gets
-    ``(elapsed, incumbent, bound, gap)``. Raises :class:`InfeasibleError` with the
-    smallest feasible budgets when no schedule fits.
+    ``(elapsed, incumbent, bound, gap)``. ``placements``: the stage placements the
+    answer may use, a subset of :data:`PLACEMENTS` (default all), for runtimes that run
+    only some (one stage per device, say); fixed schedules on the others are still
+    simulated for the comparison but neither returned nor counted in the bound, so
+    ``optimal`` then means optimal over these placements. Raises
+    :class:`InfeasibleError` with the smallest feasible budgets when no schedule fits.
     """
     t0 = time.monotonic()
     if solver not in SOLVERS:
@@ -127,13 +135,15 @@ def solve(problem: Problem, *, solver: str = "auto", offload: bool | None = None
     if not levels or any(not 0 < x <= 1 for x in levels):
         raise OptPipeError(f"offload levels must lie in (0, 1], got {list(offload_levels)}")
     _check_engine_available(solver)
+    allowed = _check_placements(problem, placements)
 
-    fixed = fixed_schedules(problem)
+    everything = fixed_schedules(problem)
+    fixed = _restrict(everything, problem, allowed)
     use_offload = _resolve_offload(problem, offload, fixed, _best(
         [c for c in fixed.candidates if not c.schedule.offloads]))
     best_fixed = _bar(fixed, use_offload, split_backward)
     key = cache_mod.cache_key(problem, solver=solver, split_backward=split_backward,
-                              offload=use_offload, levels=levels)
+                              offload=use_offload, levels=levels, placements=allowed)
     if cache:
         hit = cache_mod.lookup(problem, key, time_limit=time_limit, gap=gap)
         if hit is not None and (best_fixed is None
@@ -146,15 +156,15 @@ def solve(problem: Problem, *, solver: str = "auto", offload: bool | None = None
                                message="; ".join(filter(None, [
                                    f"from {hit.path}",
                                    _even_split_note(problem, hit.schedule)])),
-                               fixed=fixed.candidates)
+                               fixed=_shown(everything, fixed))
 
     _add_periodic(problem, fixed, split_backward, use_offload,
-                  time_limit * PERIODIC_SHARE, threads)
+                  time_limit * PERIODIC_SHARE, threads, allowed)
     best_fixed = _bar(fixed, use_offload, split_backward)
     reporter = _progress_sink(progress)
     runs: list[EngineResult] = []
     engine = "cpsat" if solver == "auto" else solver
-    spaces = _spaces(problem, split_backward, fixed, engine, use_offload)
+    spaces = _spaces(problem, split_backward, fixed, engine, use_offload, allowed)
     relaxed = _fused_relaxed_bound(problem, spaces) if split_backward else None
     notes: list[str] = []
     live = None if reporter is None else _SearchProgress(
@@ -180,11 +190,12 @@ def solve(problem: Problem, *, solver: str = "auto", offload: bool | None = None
         notes.append(estimate)
     if notes:
         result.message = "; ".join(filter(None, [result.message] + notes))
-    result.fixed = fixed.candidates
+    result.fixed = _shown(everything, fixed)
     result.runs = runs
     result.placements = _placement_proofs(problem, spaces, runs, fixed, use_offload, gap)
     _stamp(result, problem, time_limit=time_limit, gap=gap, threads=threads,
-           offload=use_offload, split_backward=split_backward, levels=levels)
+           offload=use_offload, split_backward=split_backward, levels=levels,
+           allowed=allowed)
     if cache and result.status in (OPTIMAL, FEASIBLE):
         cache_mod.store(result.schedule, key)
     return result
@@ -218,6 +229,45 @@ def _check_engine_available(solver: str) -> None:
                            "or --solver cpsat")
 
 
+def _check_placements(problem: Problem, placements: Sequence[str] | None
+                      ) -> tuple[str, ...] | None:
+    """The placements asked for, in :data:`PLACEMENTS` order; None when that is all of
+    them (so an unrestricted solve keeps its cache key and its library entry)."""
+    if placements is None:
+        return None
+    names = {str(p).strip().lower() for p in placements if str(p).strip()}
+    unknown = sorted(names - set(PLACEMENTS))
+    if unknown or not names:
+        raise OptPipeError(f"unknown placement {', '.join(unknown) or '(none given)'}; "
+                           f"choose from {', '.join(PLACEMENTS)}, e.g. linear,v")
+    if problem.devices < 2:      # one device: every placement is one stage on it
+        if "linear" not in names:
+            raise OptPipeError("with one device the only placement is linear")
+        return None
+    if names == set(PLACEMENTS):
+        return None
+    return tuple(p for p in PLACEMENTS if p in names)
+
+
+def _restrict(fixed: FixedSet, problem: Problem, allowed: tuple[str, ...] | None
+              ) -> FixedSet:
+    """The fixed schedules on the allowed placements (all of them when unrestricted)."""
+    if allowed is None:
+        return fixed
+    return FixedSet([c for c in fixed.candidates
+                     if placement_name(c.schedule.placement, problem.devices) in allowed],
+                    fixed.skipped)
+
+
+def _shown(everything: FixedSet, fixed: FixedSet) -> list[Candidate]:
+    """What the comparison lists: the schedules the search could use (periodic blocks
+    included) and, for reference, the fixed schedules on placements it was not allowed."""
+    if everything is fixed:
+        return fixed.candidates
+    used = {id(c) for c in fixed.candidates}
+    return fixed.candidates + [c for c in everything.candidates if id(c) not in used]
+
+
 def _best(candidates: Sequence[Candidate]) -> Candidate | None:
     fitting = [c for c in candidates if c.fits]
     return min(fitting, key=lambda c: c.makespan) if fitting else None
@@ -232,7 +282,8 @@ def _bar(fixed: FixedSet, use_offload: bool, split_backward: bool) -> Candidate 
 
 
 def _add_periodic(problem: Problem, fixed: FixedSet, split_backward: bool,
-                  use_offload: bool, seconds: float, threads: int) -> None:
+                  use_offload: bool, seconds: float, threads: int,
+                  allowed: tuple[str, ...] | None = None) -> None:
     """Add periodic schedules (:mod:`.periodic`) on every placement to ``fixed``.
 
     Why: when memory binds they are often far better than any fixed schedule (a V-shaped
@@ -252,7 +303,7 @@ def _add_periodic(problem: Problem, fixed: FixedSet, split_backward: bool,
         return
     # fused backwards too when they are faster: the engines search those spaces as well
     runs = [(label.replace("/", "-"), place, split)
-            for label, place, split in _shapes(problem, split_backward)]
+            for label, place, split in _shapes(problem, split_backward, allowed)]
     t0 = time.monotonic()
     for i, (label, place, split) in enumerate(runs):
         left = seconds - (time.monotonic() - t0)
@@ -342,16 +393,20 @@ class _Space:
     free_bound: float = 0.0  # its no-memory bound (what decides a proof attempt)
 
 
-def _shapes(problem: Problem, split_backward: bool) -> list[tuple[str, list[int], bool]]:
+def _shapes(problem: Problem, split_backward: bool, allowed: tuple[str, ...] | None = None
+            ) -> list[tuple[str, list[int], bool]]:
     """Placements searched, as (label, stage -> device, split backward): one stage per
-    device, the V shape and interleaved 2 chunks; each again with fused backwards
-    (``.../fused``) when a measured fused backward is faster than B + W."""
+    device, the V shape and interleaved 2 chunks (those ``allowed``, default all); each
+    again with fused backwards (``.../fused``) when a measured fused backward is faster
+    than B + W."""
     from optpipe.schedule import interleaved_placement, v_placement
 
     D = problem.devices
     options = [("linear", linear_placement(D))]
     if D >= 2:
         options += [("v", v_placement(D)), ("interleaved", interleaved_placement(D, 2))]
+    if allowed is not None:
+        options = [(label, place) for label, place in options if label in allowed]
     modes = [(split_backward, "")] + ([(False, "/fused")] if split_backward
                                       and _fused_faster(problem) else [])
     return [(label + suffix, place, split) for split, suffix in modes
@@ -359,7 +414,8 @@ def _shapes(problem: Problem, split_backward: bool) -> list[tuple[str, list[int]
 
 
 def _spaces(problem: Problem, split_backward: bool, fixed: FixedSet,
-            engine: str, use_offload: bool = False) -> list[_Space]:
+            engine: str, use_offload: bool = False,
+            allowed: tuple[str, ...] | None = None) -> list[_Space]:
     """Placements worth searching, most promising first.
 
     One stage per device always; also the V shape and interleaved 2 chunks (what ZB-V,
@@ -380,7 +436,7 @@ def _spaces(problem: Problem, split_backward: bool, fixed: FixedSet,
     """
     faster = _fused_faster(problem)
     out = []
-    for label, place, split in _shapes(problem, split_backward):
+    for label, place, split in _shapes(problem, split_backward, allowed):
         on = [c for c in fixed.candidates if c.fits and list(c.schedule.placement) == place
               and (use_offload or not c.schedule.offloads)
               and _in_space(c.schedule, split, faster)]
@@ -392,6 +448,11 @@ def _spaces(problem: Problem, split_backward: bool, fixed: FixedSet,
                           min((c.makespan for c in on), default=math.inf), split,
                           overrun=_expected_overrun(problem, place, engine),
                           hinted=any(not c.schedule.offloads for c in on), free_bound=free))
+    if not out:
+        raise OptPipeError(f"no fixed schedule on the {' or '.join(allowed or ())} "
+                           f"placement fits this budget, so the search has nothing to "
+                           f"start from; allow one stage per device too (--placements "
+                           f"linear,{','.join(allowed or ())}) or raise the budget")
     out.sort(key=lambda sp: (sp.best_fixed, sp.bound))
     return out
 
@@ -413,14 +474,15 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
     model's; the other placements fall back to their no-memory bounds.
     """
     incumbent = best_fixed.makespan if best_fixed is not None else math.inf
-    linear = next(sp for sp in spaces if sp.label == "linear")
+    linear = next((sp for sp in spaces if sp.label == "linear"), None)
     # the offload model (one stage per device) can only help below the incumbent
-    offload_model = (use_offload and problem.stages * problem.microbatches <= OFFLOAD_MAX_CELLS
+    offload_model = (use_offload and linear is not None
+                     and problem.stages * problem.microbatches <= OFFLOAD_MAX_CELLS
                      and linear.bound < incumbent * (1 - 1e-9))
     order_deadline = time.monotonic() + (deadline - time.monotonic()) * (
         ORDER_SHARE_WITH_OFFLOAD if offload_model else 1.0)
     pool = _hint_pool(fixed, split_backward)
-    lb_linear = linear.bound
+    lb_linear = linear.bound if linear is not None else math.inf
     best_on: dict[str, Schedule] = {}
     searchable = [sp for sp in spaces
                   if (engine == "cpsat" and sp.hinted) or sp.label == "linear"]
@@ -473,10 +535,11 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
     if use_offload:
         # order-model proofs do not cover offload, which fixed schedules may use on any
         # placement (pipeoffload builds on ZB-V too): the no-memory bounds stand instead
-        linear.bound = lb_linear
         for sp in spaces:
             if sp is not linear:
                 sp.bound = sp.free_bound
+    if use_offload and linear is not None:
+        linear.bound = lb_linear
         proven = [r for r in runs if r.extra.get("space") == "linear"
                   and r.status == OPTIMAL and r.objective is not None
                   and r.objective <= lb_linear * (1 + 1e-9)]
@@ -729,6 +792,8 @@ def _stamp(result: SolveResult, problem: Problem, **options: Any) -> None:
         requested_gap=options["gap"], search_revision=cache_mod.SEARCH_REVISION)
     if options["offload"]:
         prov["offload_levels"] = list(options["levels"])
+    if options["allowed"] is not None:
+        prov["allowed_placements"] = list(options["allowed"])
     if result.message:
         prov["message"] = result.message
     if result.placements:
@@ -762,7 +827,7 @@ class _SearchProgress:
         self.best = incumbent
         self.use_offload, self.cap = use_offload, cap
         self.live: dict[str, float] = {}
-        self.linear_start = next(sp.bound for sp in spaces if sp.label == "linear")
+        self.linear_start = next((sp.bound for sp in spaces if sp.label == "linear"), None)
 
     def run(self, label: str) -> ProgressFn:
         """The progress function for one engine run on placement ``label``."""
@@ -779,9 +844,10 @@ class _SearchProgress:
 
     def bound(self) -> float:
         if self.use_offload:
-            linear = max(self.linear_start, self.live.get("linear+offload", -math.inf))
-            found = min([linear] + [sp.free_bound for sp in self.spaces
-                                    if sp.label != "linear"])
+            linear = [] if self.linear_start is None else \
+                [max(self.linear_start, self.live.get("linear+offload", -math.inf))]
+            found = min(linear + [sp.free_bound for sp in self.spaces
+                                  if sp.label != "linear"])
         else:
             found = min(max(sp.bound, self.live.get(sp.label, -math.inf))
                         for sp in self.spaces)
