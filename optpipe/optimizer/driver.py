@@ -533,13 +533,8 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
                 best_on[space.label] = run.schedule
     best_linear = best_on.get("linear")
     if use_offload:
-        # order-model proofs do not cover offload, which fixed schedules may use on any
-        # placement (pipeoffload builds on ZB-V too): the no-memory bounds stand instead
-        for sp in spaces:
-            if sp is not linear:
-                sp.bound = sp.free_bound
+        _offload_bounds(spaces, lb_linear)
     if use_offload and linear is not None:
-        linear.bound = lb_linear
         proven = [r for r in runs if r.extra.get("space") == "linear"
                   and r.status == OPTIMAL and r.objective is not None
                   and r.objective <= lb_linear * (1 + 1e-9)]
@@ -559,6 +554,20 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
             runs.append(run)
             if run.bound is not None and run.status != ERROR:
                 linear.bound = max(lb_linear, run.bound)
+    return min(sp.bound for sp in spaces)
+
+
+def _offload_bounds(spaces: list[_Space], linear: float) -> float:
+    """With offload allowed, what holds on each placement, and the least of it.
+
+    The order models' proofs do not cover offload, which fixed schedules may use on any
+    placement (pipeoffload builds on ZB-V too): the chunked placements keep their
+    no-memory bounds, and one stage per device keeps ``linear`` (its memory bound, or
+    the offload model's, which covers offload). Shared by the search's end and the live
+    line, so both state one rule.
+    """
+    for sp in spaces:
+        sp.bound = linear if sp.label == "linear" else sp.free_bound
     return min(sp.bound for sp in spaces)
 
 
@@ -844,10 +853,9 @@ class _SearchProgress:
 
     def bound(self) -> float:
         if self.use_offload:
-            linear = [] if self.linear_start is None else \
-                [max(self.linear_start, self.live.get("linear+offload", -math.inf))]
-            found = min(linear + [sp.free_bound for sp in self.spaces
-                                  if sp.label != "linear"])
+            linear = -math.inf if self.linear_start is None else \
+                max(self.linear_start, self.live.get("linear+offload", -math.inf))
+            found = _offload_bounds([replace(sp) for sp in self.spaces], linear)
         else:
             found = min(max(sp.bound, self.live.get(sp.label, -math.inf))
                         for sp in self.spaces)
