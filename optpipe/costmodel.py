@@ -456,7 +456,7 @@ def chunk_profiles(model: ModelPreset, hardware: HardwarePreset, config: Paralle
     (the V shape) is stored once, and one workspace per device. Models with fewer than
     ``2 S`` layers get no cut (an even split stays their estimate).
     """
-    from optpipe.schedule import interleaved_placement, v_placement
+    from optpipe.schedule import searched_placements
 
     S = config.stages
     if S < 2 or config.layer_split is not None or model.layers < 2 * S:
@@ -466,7 +466,9 @@ def chunk_profiles(model: ModelPreset, hardware: HardwarePreset, config: Paralle
     per_param = bytes_per_param(config.sharded_optimizer, config.dp)
     tied = _div(vocab * model.hidden, config.tp) if model.tied_embeddings else 0
     profiles = []
-    for placement in (v_placement(S), interleaved_placement(S, 2)):
+    for name, placement in searched_placements(S).items():
+        if name == "linear":                      # the base problem itself
+            continue
         params = [0] * S
         for stage, c in enumerate(costs):
             params[placement[stage]] += c.params

@@ -319,15 +319,21 @@ def v_placement(devices: int) -> list[int]:
     return list(range(devices)) + list(range(devices - 1, -1, -1))
 
 
+def searched_placements(devices: int) -> dict[str, list[int]]:
+    """The placements the optimizer searches, by name: one stage per device, and from
+    2 devices on the V shape and 2 interleaved chunks (what ZB-V and interleaved 1F1B
+    use)."""
+    named = {"linear": linear_placement(devices)}
+    if devices >= 2:
+        named.update(v=v_placement(devices), interleaved=interleaved_placement(devices, 2))
+    return named
+
+
 def placement_name(placement: Iterable[int], devices: int) -> str | None:
-    """``linear``, ``v`` or ``interleaved`` (2 chunks) when ``placement`` is one of the
-    placements the optimizer searches, else None."""
+    """The name of ``placement`` in :func:`searched_placements`, else None."""
     placement = list(placement)
-    for name, known in (("linear", linear_placement(devices)), ("v", v_placement(devices)),
-                        ("interleaved", interleaved_placement(devices, 2))):
-        if placement == known:
-            return name
-    return None
+    return next((name for name, known in searched_placements(devices).items()
+                 if placement == known), None)
 
 
 def from_orders(name: str, placement: list[int], microbatches: int,

@@ -29,14 +29,15 @@ from optpipe.optimizer.preprocess import (Candidate, FixedSet, fixed_schedules,
 from optpipe.optimizer.result import (ERROR, FEASIBLE, OPTIMAL, EngineResult, ProgressFn,
                                       relative_gap)
 from optpipe.problem import Problem
-from optpipe.schedule import Schedule, linear_placement, placement_name
+from optpipe.schedule import (Schedule, linear_placement, placement_name,
+                              searched_placements)
 from optpipe.simulator import SimResult, simulate
 from optpipe.units import format_bytes
 
 SOLVERS = ("auto", "cpsat", "highs", "gurobi")
 #: Placements the search may use (``placements=`` of :func:`solve`, ``--placements``):
 #: one stage per device, the V shape, interleaved with 2 chunks per device.
-PLACEMENTS = ("linear", "v", "interleaved")
+PLACEMENTS = tuple(searched_placements(2))
 #: ``offload=None`` runs the offload model only up to this many tasks (S x M): beyond it
 #: the circuit model is too large to improve on the order model within a minute.
 OFFLOAD_AUTO_MAX_CELLS = 256
@@ -399,12 +400,7 @@ def _shapes(problem: Problem, split_backward: bool, allowed: tuple[str, ...] | N
     device, the V shape and interleaved 2 chunks (those ``allowed``, default all); each
     again with fused backwards (``.../fused``) when a measured fused backward is faster
     than B + W."""
-    from optpipe.schedule import interleaved_placement, v_placement
-
-    D = problem.devices
-    options = [("linear", linear_placement(D))]
-    if D >= 2:
-        options += [("v", v_placement(D)), ("interleaved", interleaved_placement(D, 2))]
+    options = list(searched_placements(problem.devices).items())
     if allowed is not None:
         options = [(label, place) for label, place in options if label in allowed]
     modes = [(split_backward, "")] + ([(False, "/fused")] if split_backward
@@ -533,7 +529,8 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
                 best_on[space.label] = run.schedule
     best_linear = best_on.get("linear")
     if use_offload:
-        _offload_bounds(spaces, lb_linear)
+        for sp in spaces:
+            sp.bound = _offload_bound(sp, lb_linear)
     if use_offload and linear is not None:
         proven = [r for r in runs if r.extra.get("space") == "linear"
                   and r.status == OPTIMAL and r.objective is not None
@@ -557,8 +554,8 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
     return min(sp.bound for sp in spaces)
 
 
-def _offload_bounds(spaces: list[_Space], linear: float) -> float:
-    """With offload allowed, what holds on each placement, and the least of it.
+def _offload_bound(space: _Space, linear: float) -> float:
+    """What holds on ``space`` when offload is allowed.
 
     The order models' proofs do not cover offload, which fixed schedules may use on any
     placement (pipeoffload builds on ZB-V too): the chunked placements keep their
@@ -566,9 +563,7 @@ def _offload_bounds(spaces: list[_Space], linear: float) -> float:
     the offload model's, which covers offload). Shared by the search's end and the live
     line, so both state one rule.
     """
-    for sp in spaces:
-        sp.bound = linear if sp.label == "linear" else sp.free_bound
-    return min(sp.bound for sp in spaces)
+    return linear if space.label == "linear" else space.free_bound
 
 
 def _placement_proofs(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
@@ -855,7 +850,7 @@ class _SearchProgress:
         if self.use_offload:
             linear = -math.inf if self.linear_start is None else \
                 max(self.linear_start, self.live.get("linear+offload", -math.inf))
-            found = _offload_bounds([replace(sp) for sp in self.spaces], linear)
+            found = min(_offload_bound(sp, linear) for sp in self.spaces)
         else:
             found = min(max(sp.bound, self.live.get(sp.label, -math.inf))
                         for sp in self.spaces)

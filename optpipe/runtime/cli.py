@@ -214,13 +214,12 @@ def _chunk_profiles(args: argparse.Namespace, base: Any) -> tuple:
     (the optimizer then splits evenly there, as before).
     """
     from optpipe.problem import ChunkProfile
-    from optpipe.schedule import interleaved_placement, v_placement
+    from optpipe.schedule import searched_placements
 
-    devices = base.devices
-    if devices < 2:
-        return ()
     profiles = []
-    for placement in (v_placement(devices), interleaved_placement(devices, 2)):
+    for name, placement in searched_placements(base.devices).items():
+        if name == "linear":         # the base problem itself
+            continue
         try:
             chunked = profile_from_args(args, placement=placement, partition=None,
                                         p2p=base.p2p)
