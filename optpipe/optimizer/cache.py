@@ -29,10 +29,11 @@ _PACKAGE = Path(__file__).resolve().parent.parent
 #: as warm starts; 3: pipeoffload on interleaved and V placements, the memory round-trip
 #: bound; 4: the one-machine bound, the window search only where memory binds, HiGHS's
 #: horizon probes; 5: periodic blocks with exact steady-state memory rows, chunked
-#: placements judged on measured or modelled cuts where the problem has them). A cached
+#: placements judged on measured or modelled cuts where the problem has them; 6: extended
+#: schedules as warm starts and prefix cuts for one stage per device). A cached
 #: schedule from an older search that was not proven optimal is solved again: the same
 #: problem and time limit may now give a faster one.
-SEARCH_REVISION = 5
+SEARCH_REVISION = 6
 
 
 def cache_dir() -> Path:

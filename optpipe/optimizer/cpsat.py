@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ortools.sat.python import cp_model
 
@@ -47,6 +47,9 @@ from optpipe.optimizer.result import (ERROR, FEASIBLE, INFEASIBLE, OPTIMAL, UNKN
                                       EngineResult, ProgressFn, relative_gap)
 from optpipe.problem import Problem
 from optpipe.schedule import Action, Op, Schedule
+
+if TYPE_CHECKING:
+    from optpipe.optimizer.prefix import PrefixCuts
 
 ENGINE = "cpsat"
 #: Decompose (microbatch windows, :mod:`.decompose`) from this many stage x microbatch
@@ -254,13 +257,15 @@ def _base_vars(b: _Builder, g: TaskGraph, horizon: int, lower: int,
 # ---------------------------------------------------------------- order model
 def build_order_model(problem: Problem, ticks: Ticks, horizon: int, lower: int,
                       hint: Hint | None,
-                      fixed_order: Sequence[Sequence[Key]] | None = None
-                      ) -> tuple[_Builder, _Vars]:
+                      fixed_order: Sequence[Sequence[Key]] | None = None,
+                      cuts: "PrefixCuts | None" = None) -> tuple[_Builder, _Vars]:
     """The no-offload model: memory decided by the order of compute on each device.
 
     ``fixed_order`` (per device, tasks in order) pins the relative order of those tasks;
     the decomposition (:mod:`.decompose`) uses it to re-optimize a window of
-    microbatches among the rest.
+    microbatches among the rest. ``cuts`` (:mod:`.prefix`) add what smaller problems
+    proved: least distances between the first stage's forwards, and the least time
+    from one of them to the end.
     """
     b = _Builder()
     g = ticks.graph
@@ -279,9 +284,31 @@ def build_order_model(problem: Problem, ticks: Ticks, horizon: int, lower: int,
                               cross=problem.microbatches <= CROSS_STAGE_MAX_MICROBATCHES)
     if g.placement:
         _chunked_memory(b, g, start, hint, horizon)   # redundant, helps propagation
+    if cuts is not None:
+        _prefix_cuts(b, g, start, makespan, cuts, ticks.scale)
     b.model.minimize(makespan)
     return b, _Vars(start=start, makespan=makespan, size={"memory_rows": rows},
                     placement=placement)
+
+
+def _prefix_cuts(b: _Builder, g: TaskGraph, start: dict[Key, Any], makespan: Any,
+                 cuts: "PrefixCuts", scale: float) -> None:
+    """``F(0, i + d) - F(0, i) >= reach[d]`` and ``makespan - F(0, M - n) >= whole[n]``.
+
+    Valid because microbatches ``i..i+d`` of any schedule form a schedule of ``d + 1``
+    microbatches (fewer activations held, the same orders), which starts with ``F(0,
+    i)``; likewise the last ``n`` microbatches (see :mod:`.prefix`).
+    """
+    M = g.problem.microbatches
+
+    def ticks(seconds: float) -> int:
+        return int(math.ceil(seconds * scale - 1e-6))
+    for d, reach in cuts.reach.items():
+        for i in range(M - d):
+            b.model.add(start[(Op.F, 0, i + d)] >= start[(Op.F, 0, i)] + ticks(reach))
+    for n, whole in cuts.whole.items():
+        if 0 < n < M:
+            b.model.add(makespan >= start[(Op.F, 0, M - n)] + ticks(whole))
 
 
 def _order_memory(b: _Builder, g: TaskGraph, d: int, start: dict[Key, Any],
@@ -704,14 +731,17 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
                 levels: Sequence[float] = DEFAULT_LEVELS,
                 progress: ProgressFn | None = None, log: bool = False,
                 fix_hint: bool = False, decompose: bool | None = None,
-                placement: Sequence[int] | None = None) -> EngineResult:
+                placement: Sequence[int] | None = None,
+                cuts: "PrefixCuts | None" = None) -> EngineResult:
     """Solve ``problem`` with CP-SAT; the best schedule found, or the hint's if none.
 
     ``warm_start`` (one schedule or several, best first) becomes a complete hint and its
     makespan the horizon, so the result is never worse. ``offload`` selects the tight
     model (transfers allowed at the fractions in ``levels``). ``fix_hint`` solves with
     every variable fixed to its hinted value: a check that hints are complete and valid.
-    The caller must already have checked that the budget is feasible
+    ``cuts`` (no offload): bounds proven on fewer microbatches of the same placement
+    (:func:`~.prefix.prefix_cuts`), added to the model and to its lower bound. The
+    caller must already have checked that the budget is feasible
     (:func:`~.preprocess.min_budgets`).
     """
     t0 = time.monotonic()
@@ -728,11 +758,15 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
     lower = int(math.ceil((free if offload else memory_bound(ticks.graph, free)) - 1e-9))
     # the memory round trip bounds the makespan above the no-memory bound: memory binds
     memory_binds = not offload and lower > math.ceil(free - 1e-9)
+    if cuts is not None and not offload:
+        lower = max(lower, int(math.ceil(cuts.makespan_bound(problem.microbatches)
+                                         * ticks.scale - 1e-6)))
     lower = min(lower, horizon)
     if offload:
         builder, handles = build_tight_model(problem, ticks, horizon, lower, hint, levels)
     else:
-        builder, handles = build_order_model(problem, ticks, horizon, lower, hint)
+        builder, handles = build_order_model(problem, ticks, horizon, lower, hint,
+                                             cuts=cuts)
     builder.add_hints()
     solver = cp_model.CpSolver()
     params = solver.parameters
@@ -819,6 +853,42 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
     return EngineResult(schedule=schedule, status=status, objective=objective, bound=bound,
                         gap=relative_gap(objective, bound), wall_time=wall, engine=ENGINE,
                         extra=extra)
+
+
+def solve_reach(problem: Problem, *, warm_start: Sequence[Schedule], time_limit: float,
+                threads: int = 2, split_backward: bool = True,
+                placement: Sequence[int] | None = None) -> float | None:
+    """A proven lower bound on the start of the last microbatch's first forward,
+    ``F(0, M - 1)``, over every schedule of ``problem`` (seconds; None without a hint).
+
+    Why: :mod:`.prefix` bounds how fast a pipeline can take in microbatches. The model
+    is the order model with that start as the objective; its horizon is one no
+    schedule's re-timing exceeds (the summed work and lags: every path of the ASAP
+    re-timing of some optimal order visits each task once), so the horizon cuts off no
+    optimum and the bound holds.
+    """
+    if placement is not None and list(placement) == list(range(problem.devices)):
+        placement = None
+    ticks = make_ticks(problem, split_backward, False, DEFAULT_LEVELS, placement)
+    try:
+        hint = _pick_hint(problem, ticks, False, DEFAULT_LEVELS, list(warm_start))
+    except NoHint:
+        return None
+    g = ticks.graph
+    safe = int(sum(g.duration.values()) + len(g.keys) * g.lag) + 1
+    builder, handles = build_order_model(problem, ticks, max(safe, hint.makespan), 0, hint)
+    target = handles.start[(Op.F, 0, problem.microbatches - 1)]
+    builder.model.minimize(target)
+    builder.add_hints()
+    solver = cp_model.CpSolver()
+    params = solver.parameters
+    params.max_time_in_seconds = max(0.05, time_limit)
+    params.num_workers = max(1, threads)
+    params.cp_model_probing_level = 0
+    code = solver.solve(builder.model)
+    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None
+    return solver.best_objective_bound / ticks.scale
 
 
 def _extract(problem: Problem, solver: cp_model.CpSolver, handles: _Vars,

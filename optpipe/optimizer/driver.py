@@ -7,9 +7,10 @@ its provenance. It never returns something worse than the best fitting fixed sch
 and a solve that yields nothing falls back to that schedule and says so.
 
 Flow: infeasible budget? -> cache -> fixed schedules (warm starts, and the bar to beat)
--> the order model (no offload; fast, usually proves optimality) -> when offload is
-allowed and memory holds the schedule back, the tight offload model, hinted with the
-best so far -> verify -> provenance -> cache.
+-> periodic and extended warm starts when memory binds -> the order model (no offload;
+fast, usually proves optimality) -> when offload is allowed and memory holds the
+schedule back, the tight offload model, hinted with the best so far -> verify ->
+provenance -> cache.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ import math
 import sys
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from optpipe.errors import InfeasibleError, OptPipeError
 from optpipe.optimizer import cache as cache_mod
+from optpipe.optimizer.prefix import MAX_PIECE, PrefixCuts, prefix_cuts
 from optpipe.optimizer.preprocess import (Candidate, FixedSet, fixed_schedules,
                                           infeasible_devices, lower_bound, memory_bound,
                                           min_budgets, task_graph)
@@ -61,6 +63,12 @@ PERIODIC_MAX_SECONDS = 3.0
 #: Periodic blocks are computed only when the budget costs the fixed schedules more
 #: than this share of makespan (see :func:`_add_periodic`).
 PERIODIC_MIN_LOSS = 0.05
+#: Share of one stage per device's first run that its prefix cuts (:mod:`.prefix`) may use.
+CUTS_SHARE = 0.25
+#: Fitting schedules whose first microbatches hint each piece of the prefix cuts.
+HINTS_PER_PIECE = 3
+#: Share of the time limit for extended schedules (:mod:`.extend`), when they are built.
+EXTEND_SHARE = 0.25
 DEFAULT_LEVELS = (1.0,)
 FALLBACK = "fallback"
 CACHED = "cached"
@@ -159,10 +167,16 @@ def solve(problem: Problem, *, solver: str = "auto", offload: bool | None = None
                                    _even_split_note(problem, hit.schedule)])),
                                fixed=_shown(everything, fixed))
 
-    _add_periodic(problem, fixed, split_backward, use_offload,
-                  time_limit * PERIODIC_SHARE, threads, allowed)
-    best_fixed = _bar(fixed, use_offload, split_backward)
     reporter = _progress_sink(progress)
+    # decided before the warm starts below join the candidates (they fit, and fast)
+    binds = _memory_binds_hard(fixed, use_offload, split_backward)
+    if binds:
+        _add_periodic(problem, fixed, split_backward, use_offload,
+                      time_limit * PERIODIC_SHARE, threads, allowed)
+        _add_extended(problem, fixed, split_backward, use_offload,
+                      time_limit * EXTEND_SHARE, threads, allowed,
+                      _heartbeat(reporter, t0, fixed, use_offload, split_backward))
+    best_fixed = _bar(fixed, use_offload, split_backward)
     runs: list[EngineResult] = []
     engine = "cpsat" if solver == "auto" else solver
     spaces = _spaces(problem, split_backward, fixed, engine, use_offload, allowed)
@@ -175,7 +189,8 @@ def solve(problem: Problem, *, solver: str = "auto", offload: bool | None = None
         union_bound = _search(problem, spaces, runs, fixed, best_fixed, engine=engine,
                               deadline=t0 + time_limit, gap=gap, threads=threads,
                               use_offload=use_offload, split_backward=split_backward,
-                              levels=levels, progress=live, notes=notes)
+                              levels=levels, progress=live, notes=notes,
+                              memory_binds=binds)
     finally:
         if reporter is not None and hasattr(reporter, "close"):
             reporter.close()
@@ -282,6 +297,16 @@ def _bar(fixed: FixedSet, use_offload: bool, split_backward: bool) -> Candidate 
                   and (split_backward or not c.schedule.splits_backward)])
 
 
+def _memory_binds_hard(fixed: FixedSet, use_offload: bool, split_backward: bool) -> bool:
+    """Is the best fitting fixed schedule more than :data:`PERIODIC_MIN_LOSS` slower
+    than the fastest one that does not fit? Then memory, not the pipeline's shape, sets
+    the pace, and the steady-state constructions (periodic blocks, extensions) pay."""
+    unfit = [c for c in fixed.candidates if not c.fits and not c.schedule.offloads]
+    bar = _bar(fixed, use_offload, split_backward)     # offloaders count only if allowed
+    return bool(unfit) and (bar is None or bar.makespan >
+                            min(c.makespan for c in unfit) * (1 + PERIODIC_MIN_LOSS))
+
+
 def _add_periodic(problem: Problem, fixed: FixedSet, split_backward: bool,
                   use_offload: bool, seconds: float, threads: int,
                   allowed: tuple[str, ...] | None = None) -> None:
@@ -289,19 +314,13 @@ def _add_periodic(problem: Problem, fixed: FixedSet, split_backward: bool,
 
     Why: when memory binds they are often far better than any fixed schedule (a V-shaped
     block at half of 1F1B's memory), and the engines start from the best schedule on
-    each placement, so a better start is a better answer in the same time. Skipped
-    unless memory binds hard — the best fitting fixed schedule is more than
-    :data:`PERIODIC_MIN_LOSS` slower than the fastest one that does not fit: measured at
-    budget S (1F1B's memory) the blocks never beat the fixed schedules, and their time
-    is better spent searching.
+    each placement, so a better start is a better answer in the same time. Called only
+    when memory binds hard (:func:`_memory_binds_hard`): measured at budget S (1F1B's
+    memory) the blocks never beat the fixed schedules, and their time is better spent
+    searching.
     """
     from optpipe.optimizer.periodic import periodic_schedules
 
-    unfit = [c for c in fixed.candidates if not c.fits and not c.schedule.offloads]
-    bar = _bar(fixed, use_offload, split_backward)     # offloaders count only if allowed
-    if not unfit or (bar is not None and bar.makespan <=
-                     min(c.makespan for c in unfit) * (1 + PERIODIC_MIN_LOSS)):
-        return
     # fused backwards too when they are faster: the engines search those spaces as well
     runs = [(label.replace("/", "-"), place, split)
             for label, place, split in _shapes(problem, split_backward, allowed)]
@@ -324,6 +343,58 @@ def _add_periodic(problem: Problem, fixed: FixedSet, split_backward: bool,
                 fixed.candidates.append(Candidate(schedule.name, schedule, result))
             else:  # pragma: no cover - a bug in the block's memory bound
                 fixed.skipped[schedule.name] = "over budget in the simulator"
+
+
+def _add_extended(problem: Problem, fixed: FixedSet, split_backward: bool,
+                  use_offload: bool, seconds: float, threads: int,
+                  allowed: tuple[str, ...] | None,
+                  heartbeat: Callable[[], None] | None = None) -> None:
+    """Add schedules extended from a search on half the microbatches (:mod:`.extend`).
+
+    Why: with one stage per device and memory binding, the best schedules run groups of
+    several microbatches, which neither the fixed nor the periodic schedules express,
+    and which the search on many microbatches does not find in its time; a small
+    problem's optimum holds the pattern (8 x 16 at S/2: proven in 2 s). Built for one
+    stage per device only when memory binds hard (as the periodic blocks), from
+    ``2 * MIN_SOURCE_MICROBATCHES`` microbatches on, and only while that placement's
+    memory bound leaves it a chance to win. Not for the chunked placements: there,
+    measured at 8 x 64 and 16 x 64, S/2, extensions of a 15 s search were 14-33 %
+    slower than the periodic V blocks, which already are their steady state.
+    """
+    from optpipe.optimizer.extend import MIN_SOURCE_MICROBATCHES, extended_schedules
+
+    if problem.microbatches < 2 * MIN_SOURCE_MICROBATCHES or \
+            (allowed is not None and "linear" not in allowed):
+        return
+    place = linear_placement(problem.devices)
+    incumbent = _bar(fixed, use_offload, split_backward)
+    if incumbent is not None and memory_bound(task_graph(problem, split_backward)) >= \
+            incumbent.makespan * (1 - 1e-9):
+        return                                   # one stage per device cannot win
+
+    def hints(half: Problem) -> list[Schedule]:
+        on = [c for c in fixed_schedules(half).candidates
+              if c.fits and list(c.schedule.placement) == place and not c.schedule.offloads]
+        return [c.schedule for c in sorted(on, key=lambda c: c.makespan)]
+
+    for schedule, result in extended_schedules(problem, place, split_backward,
+                                               time_limit=seconds, threads=threads,
+                                               label="extended-linear", hints=hints,
+                                               heartbeat=heartbeat):
+        fixed.candidates.append(Candidate(schedule.name, schedule, result))
+
+
+def _heartbeat(reporter: ProgressFn | None, t0: float, fixed: FixedSet, use_offload: bool,
+               split_backward: bool) -> Callable[[], None] | None:
+    """Keeps the live line ticking while warm starts are built (incumbent: the best
+    fitting schedule in hand; no bound yet)."""
+    if reporter is None:
+        return None
+
+    def beat() -> None:
+        best = _bar(fixed, use_offload, split_backward)
+        reporter(time.monotonic() - t0, best.makespan if best else None, None, None)
+    return beat
 
 
 def _resolve_offload(problem: Problem, offload: bool | None, fixed: FixedSet,
@@ -457,7 +528,8 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
             fixed: FixedSet, best_fixed: Candidate | None, *, engine: str,
             deadline: float, gap: float, threads: int, use_offload: bool,
             split_backward: bool, levels: Sequence[float],
-            progress: "_SearchProgress | None", notes: list[str]) -> float | None:
+            progress: "_SearchProgress | None", notes: list[str],
+            memory_binds: bool = False) -> float | None:
     """Run the engines over the placements; return the proven bound over all of them.
 
     A placement whose lower bound is no better than the incumbent is skipped (it cannot
@@ -467,7 +539,10 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
     stage per device) gets the rest, hinted with the best schedule so far on that
     placement. The offload model's space contains the order model's, so for one stage
     per device its bound (or the no-memory bound, if it did not run) replaces the order
-    model's; the other placements fall back to their no-memory bounds.
+    model's; the other placements fall back to their no-memory bounds. When
+    ``memory_binds`` (hard, :func:`_memory_binds_hard`), one stage per device's first
+    run is preceded by its prefix cuts (:func:`_cuts_pay`), which raise its bound and
+    go into its model.
     """
     incumbent = best_fixed.makespan if best_fixed is not None else math.inf
     linear = next((sp for sp in spaces if sp.label == "linear"), None)
@@ -480,6 +555,7 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
     pool = _hint_pool(fixed, split_backward)
     lb_linear = linear.bound if linear is not None else math.inf
     best_on: dict[str, Schedule] = {}
+    cuts: dict[str, PrefixCuts] = {}
     searchable = [sp for sp in spaces
                   if (engine == "cpsat" and sp.hinted) or sp.label == "linear"]
     first = sorted(searchable, key=lambda sp: sp.label != "linear")   # stable
@@ -514,10 +590,19 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
                 continue                              # it could not finish in time
             hints = ([best_on[space.label]] if space.label in best_on else []) + \
                 _hint_pool(fixed, space.split)
+            if engine == "cpsat" and memory_binds and space.label not in cuts and \
+                    _cuts_pay(problem, space, use_offload):
+                began = time.monotonic()
+                cuts[space.label] = _prefix_cuts(problem, space, fixed, limit * CUTS_SHARE,
+                                                 threads, progress)
+                space.bound = max(space.bound,
+                                  cuts[space.label].makespan_bound(problem.microbatches))
+                limit -= time.monotonic() - began
             run = _run_engine(engine, problem, hints, max(0.5, limit), gap, threads, False,
                               space.split, levels,
                               progress.run(space.label) if progress else None,
-                              space.placement, decompose=False if proof_attempt else None)
+                              space.placement, decompose=False if proof_attempt else None,
+                              cuts=cuts.get(space.label))
             run.extra["space"] = space.label
             runs.append(run)
             # a run that ended early says nothing about the overrun: keep the estimate
@@ -552,6 +637,37 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
             if run.bound is not None and run.status != ERROR:
                 linear.bound = max(lb_linear, run.bound)
     return min(sp.bound for sp in spaces)
+
+
+def _cuts_pay(problem: Problem, space: _Space, use_offload: bool) -> bool:
+    """Prefix cuts (:mod:`.prefix`) for one stage per device, without offload, when
+    memory binds (its memory bound is above its no-memory bound) and the problem has
+    more microbatches than the pieces: where CP-SAT's proofs stall. Not for the
+    chunked placements: their pieces are not proven in seconds (4 x 8 on the V shape
+    took 60 s), so the cuts would be weak and cost the search its time."""
+    return (space.label == "linear" and not use_offload
+            and problem.microbatches > MAX_PIECE
+            and space.bound > space.free_bound * (1 + 1e-9))
+
+
+def _prefix_cuts(problem: Problem, space: _Space, fixed: FixedSet, seconds: float,
+                 threads: int, progress: "_SearchProgress | None") -> PrefixCuts:
+    """Solve the pieces for ``space``, hinted with the first microbatches of its best
+    fitting schedules (valid schedules of the pieces, and free: running every
+    generator on 32 pieces took 5-9 s)."""
+    from optpipe.optimizer.extend import first_microbatches
+
+    faster = _fused_faster(problem)
+    on = sorted((c for c in fixed.candidates
+                 if c.fits and list(c.schedule.placement) == space.placement
+                 and not c.schedule.offloads and _in_space(c.schedule, space.split, faster)),
+                key=lambda c: c.makespan)[:HINTS_PER_PIECE]
+
+    def hints(smaller: Problem) -> list[Schedule]:
+        return [first_microbatches(c.schedule, smaller.microbatches) for c in on]
+    return prefix_cuts(problem, space.placement, space.split, time_limit=seconds,
+                       threads=threads, hints=hints,
+                       heartbeat=progress.emit if progress else None)
 
 
 def _offload_bound(space: _Space, linear: float) -> float:
@@ -677,7 +793,8 @@ def _run_engine(engine: str, problem: Problem, hints: list[Schedule], time_limit
                 gap: float, threads: int, offload: bool, split_backward: bool,
                 levels: Sequence[float], progress: ProgressFn | None,
                 placement: list[int] | None = None,
-                decompose: bool | None = None) -> EngineResult:
+                decompose: bool | None = None,
+                cuts: PrefixCuts | None = None) -> EngineResult:
     t0 = time.monotonic()
     try:
         if engine == "cpsat":
@@ -686,7 +803,7 @@ def _run_engine(engine: str, problem: Problem, hints: list[Schedule], time_limit
                                threads=threads, offload=offload,
                                split_backward=split_backward, levels=levels,
                                progress=progress, placement=placement,
-                               decompose=decompose)
+                               decompose=decompose, cuts=cuts)
         from optpipe.optimizer.milp import solve_milp  # the Pyomo engine
         linear = [h for h in hints if list(h.placement) == linear_placement(problem.devices)]
         return solve_milp(problem, warm_start=linear[0] if linear else None,

@@ -1,0 +1,82 @@
+"""Prefix cuts: bounds from fewer microbatches. They must never exceed a proven
+optimum (on random uneven problems, every placement), must not cut the optimum off when
+they go into the model, and must add to the memory bound where memory binds."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from optpipe.optimizer.cpsat import solve_cpsat, solve_reach
+from optpipe.optimizer.extend import first_microbatches
+from optpipe.optimizer.prefix import PrefixCuts, prefix_cuts
+from optpipe.optimizer.preprocess import fixed_schedules, memory_bound, task_graph
+from optpipe.problem import uniform_problem
+from optpipe.schedule import Op, linear_placement, v_placement
+from optpipe.simulator import simulate
+from test_optimizer_preprocess import placement_hints, random_problem
+
+
+def test_chain_of_pieces() -> None:
+    cuts = PrefixCuts(reach={2: 5.0, 3: 6.0}, whole={1: 4.0, 2: 7.0})
+    # 5 microbatches: reach[3] + whole[2] = 13, reach[2] + reach[2] + whole[1] = 14
+    assert cuts.makespan_bound(5) == pytest.approx(14.0)
+    assert cuts.makespan_bound(2) == pytest.approx(7.0)
+    assert PrefixCuts().makespan_bound(4) == 0.0
+
+
+def test_first_microbatches_is_a_valid_smaller_schedule() -> None:
+    problem = random_problem(3)
+    for c in fixed_schedules(problem).candidates:
+        if not c.fits or c.schedule.offloads:
+            continue
+        smaller = first_microbatches(c.schedule, 2)
+        result = simulate(replace(problem, microbatches=2), smaller)
+        assert result.fits and result.makespan <= c.makespan + 1e-9
+
+
+def _hints(place, split):
+    def hints(smaller):
+        return placement_hints(smaller, place, split, None)
+    return hints
+
+
+@pytest.mark.parametrize("seed", range(10))
+@pytest.mark.parametrize("shape", ["linear", "v"])
+def test_cuts_never_exceed_the_optimum(seed: int, shape: str) -> None:
+    problem = random_problem(seed)
+    place = linear_placement(problem.devices) if shape == "linear" else \
+        v_placement(problem.devices)
+    hints = placement_hints(problem, place, True, None)
+    if not hints:
+        pytest.skip("no fitting schedule on this placement to start from")
+    plain = solve_cpsat(problem, warm_start=hints, time_limit=20, placement=place,
+                        decompose=False)
+    assert plain.status == "optimal"
+    cuts = prefix_cuts(problem, place, True, time_limit=20, hints=_hints(place, True))
+    assert cuts.makespan_bound(problem.microbatches) <= plain.objective + 1e-6
+    # the least reach of F(0, M-1) is no later than where the optimum starts it
+    reach = solve_reach(problem, warm_start=hints, time_limit=20, placement=place)
+    start = {r.action.key: r.start for r in simulate(problem, plain.schedule).records}
+    assert reach is not None and reach <= start[(Op.F, 0, problem.microbatches - 1)] + 1e-6
+    # and in the model they cut off no optimum
+    cut = solve_cpsat(problem, warm_start=hints, time_limit=20, placement=place,
+                      decompose=False, cuts=cuts)
+    assert cut.status == "optimal"
+    assert cut.objective == pytest.approx(plain.objective)
+
+
+def test_cuts_add_to_the_memory_bound_where_memory_binds() -> None:
+    """4 stages, 20 microbatches, half of 1F1B's memory: the pieces' chain is above the
+    memory round-trip bound (which misses the waits inside the round trip)."""
+    problem = uniform_problem(4, 20, forward=1.0, backward_input=1.0, backward_weight=1.0,
+                              p2p=0.05, activation=2, freed_by_b=1,
+                              static=0).activation_budget(2)
+    place = linear_placement(4)
+    cuts = prefix_cuts(problem, place, True, time_limit=20, hints=_hints(place, True))
+    assert cuts.makespan_bound(20) > memory_bound(task_graph(problem)) + 1e-6
+    run = solve_cpsat(problem, warm_start=placement_hints(problem, place, True, None),
+                      time_limit=30, cuts=cuts)
+    assert run.bound >= cuts.makespan_bound(20) - 1e-6
+    assert run.objective >= cuts.makespan_bound(20) - 1e-6
