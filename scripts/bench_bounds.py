@@ -3,7 +3,9 @@
 
 For each of the benchmark's problems (``bench_solver.bench_problem`` at budget S/2) it
 prints, one stage per device, the no-memory bound (``preprocess.lower_bound``) and the
-memory round-trip bound (``preprocess.memory_bound``); the same two for the V shape and
+memory round-trip bound (``preprocess.memory_bound``), the prefix cuts' bound
+(``prefix.prefix_cuts`` in ``--cuts-time`` seconds, from 17 microbatches on); the no-memory
+and memory bounds for the V shape and
 interleaved two chunks (whose devices share their room between two stages); and, for
 the cells in ``--prove``, what CP-SAT alone finds
 for one stage per device (``solve_cpsat(..., decompose=False)``, hinted with the fitting
@@ -34,6 +36,8 @@ import time
 from bench_solver import ROOT, bench_problem  # also puts the repository on sys.path
 
 from optpipe.optimizer.cpsat import solve_cpsat  # noqa: E402
+from optpipe.optimizer.extend import first_microbatches  # noqa: E402
+from optpipe.optimizer.prefix import MAX_PIECE, prefix_cuts  # noqa: E402
 from optpipe.optimizer.preprocess import (fixed_schedules, lower_bound,  # noqa: E402
                                           memory_bound, task_graph)
 from optpipe.schedule import interleaved_placement, v_placement  # noqa: E402
@@ -78,6 +82,24 @@ def _soundness(seeds: int, threads: int) -> str:
             f" split and fused, CP-SAT optimum within 20 s): " + "; ".join(parts) + ".")
 
 
+def _cuts(problem, seconds: float, threads: int) -> tuple[float, float] | None:
+    """The prefix cuts' chain bound for one stage per device (as the driver computes
+    them, hinted with the first microbatches of the fitting fixed schedules), and the
+    seconds taken; None below 17 microbatches (the pieces are the problem itself)."""
+    if problem.microbatches <= MAX_PIECE:
+        return None
+    place = list(range(problem.devices))
+    on = sorted((c for c in fixed_schedules(problem).candidates if c.fits
+                 and c.schedule.placement == place and not c.schedule.offloads),
+                key=lambda c: c.makespan)[:3]
+    t0 = time.monotonic()
+    cuts = prefix_cuts(problem, place, True, time_limit=seconds, threads=threads,
+                       hints=lambda q: [first_microbatches(c.schedule, q.microbatches)
+                                        for c in on])
+    return max(cuts.makespan_bound(problem.microbatches), memory_bound(task_graph(problem))), \
+        time.monotonic() - t0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--prove", default="4x16,8x16,16x16,4x32,8x32",
@@ -86,16 +108,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--random", type=int, default=0,
                     help="check the bounds against proven optima on this many random problems")
+    ap.add_argument("--cuts-time", type=float, default=15.0,
+                    help="seconds for the prefix cuts of one stage per device (0: skip)")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args(argv)
     prove = {_size(x) for x in args.prove.split(",") if x}
-    lines = ["| problem | no-memory bound | memory bound | CP-SAT, one stage per device "
+    lines = ["| problem | no-memory bound | memory bound | prefix cuts "
+             "| CP-SAT, one stage per device "
              "| V: no-memory → memory | interleaved: no-memory → memory |",
-             "|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|"]
     for stages, microbatches in SIZES:
         problem = bench_problem(stages, microbatches, stages / 2, False)
         graph = task_graph(problem)
         free, memory = lower_bound(graph), memory_bound(graph)
+        cut = _cuts(problem, args.cuts_time, args.threads) if args.cuts_time > 0 else None
+        cuts_cell = "" if cut is None else f"{cut[0]:.2f} s ({cut[1]:.0f} s)"
         cell = ""
         if (stages, microbatches) in prove:
             hints = sorted((c for c in fixed_schedules(problem).candidates if c.fits),
@@ -110,15 +137,17 @@ def main(argv: list[str] | None = None) -> int:
         for place in (v_placement(stages), interleaved_placement(stages, 2)):
             g = task_graph(problem, True, place)
             chunked.append(f"{lower_bound(g):.2f} → {memory_bound(g):.2f} s")
-        lines.append(f"| {stages}×{microbatches} | {free:.2f} s | {memory:.2f} s | {cell} | "
+        lines.append(f"| {stages}×{microbatches} | {free:.2f} s | {memory:.2f} s | {cuts_cell} | "
+                     f"{cell} | "
                      + " | ".join(chunked) + " |")
         print(lines[-1], flush=True)
     if args.random:
         lines += ["", _soundness(args.random, args.threads)]
         print(lines[-1], flush=True)
     meta = (f"Measured with `python scripts/bench_bounds.py` on {os.cpu_count()} CPU cores, "
-            f"{args.threads} solver threads, {args.time_limit:g} s per proof attempt "
-            f"(budget S/2, F = B = W = 1 s, p2p 0.05 s).")
+            f"{args.threads} solver threads, {args.time_limit:g} s per proof attempt, "
+            f"{args.cuts_time:g} s for the prefix cuts (the larger of their chain and the "
+            f"memory bound; budget S/2, F = B = W = 1 s, p2p 0.05 s).")
     if not args.no_write:
         text = DOC.read_text()
         block = f"{START}\n{meta}\n\n" + "\n".join(lines) + f"\n{END}"
