@@ -80,3 +80,18 @@ def test_cuts_add_to_the_memory_bound_where_memory_binds() -> None:
                       time_limit=30, cuts=cuts)
     assert run.bound >= cuts.makespan_bound(20) - 1e-6
     assert run.objective >= cuts.makespan_bound(20) - 1e-6
+
+
+def test_driver_starts_one_stage_per_device_from_its_cuts() -> None:
+    """Restricted to one stage per device where memory binds, the driver computes the
+    cuts before the run: the run's lower bound is above the memory bound."""
+    from optpipe.optimizer.driver import solve
+
+    problem = uniform_problem(4, 20, forward=1.0, backward_input=1.0, backward_weight=1.0,
+                              p2p=0.05, activation=2, freed_by_b=1,
+                              static=0).activation_budget(2)
+    res = solve(problem, offload=False, placements=["linear"], time_limit=20, cache=False,
+                progress=False)
+    linear = [r for r in res.runs if r.extra.get("space") == "linear"]
+    assert linear and linear[0].extra["lower_bound"] > memory_bound(task_graph(problem)) + 1e-6
+    assert res.bound <= res.sim.makespan + 1e-6 and res.sim.fits

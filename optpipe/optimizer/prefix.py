@@ -61,41 +61,50 @@ def prefix_cuts(problem: Problem, placement: Sequence[int] | None, split_backwar
                 heartbeat: Callable[[], None] | None = None) -> PrefixCuts:
     """Solve the pieces, largest first, until ``time_limit``: for each ``n`` from
     ``min(MAX_PIECE, M - 1)`` down, ``whole[n]`` (CP-SAT's proven bound on ``n``
-    microbatches) and ``reach[n]`` (on ``n + 1``). Largest first, because the large
-    pieces carry the bound (at 8 x 32, ``reach[16] + whole[16]`` alone is 152.7 s of
-    154.5 s), and the small ones are cheap to skip. ``hints(smaller)``: fitting
-    schedules of a smaller problem on the placement, for CP-SAT to start from."""
+    microbatches) and ``reach[n]`` (on ``n + 1``), each followed by its complement
+    (``reach[M - n]``, ``whole[M - n]``) when that is a piece too, so that a chain
+    covering ``M`` exists early. Largest first, because the large pieces carry the
+    bound (at 8 x 32, ``reach[16] + whole[16]`` alone is 152.7 s of 154.5 s), and the
+    small ones are cheap to skip. ``hints(smaller)``: fitting schedules of a smaller
+    problem on the placement, for CP-SAT to start from."""
     from optpipe.optimizer.cpsat import NoHint, solve_cpsat, solve_reach
 
     t0 = time.monotonic()
     cuts = PrefixCuts()
-    for n in range(min(MAX_PIECE, problem.microbatches - 1), 0, -1):
-        for piece, kind in ((n, "whole"), (n + 1, "reach")):
-            left = time_limit - (time.monotonic() - t0)
-            if left <= 0.05:
-                return cuts
-            smaller = replace(problem, microbatches=piece)
-            starts = hints(smaller)
-            if not starts:
+    M = problem.microbatches
+    top = min(MAX_PIECE, M - 1)
+    tasks: list[tuple[str, int]] = []
+    for n in range(top, 0, -1):
+        for task in (("whole", n), ("reach", M - n), ("reach", n), ("whole", M - n)):
+            if 0 < task[1] <= top and task not in tasks:
+                tasks.append(task)
+    for kind, n in tasks:
+        left = time_limit - (time.monotonic() - t0)
+        if left <= 0.05:
+            break
+        piece = n if kind == "whole" else n + 1
+        smaller = replace(problem, microbatches=piece)
+        starts = hints(smaller)
+        if not starts:
+            continue
+        # what is left, front-loaded: the pieces still to solve sum to about
+        # piece^2 microbatches, and a proof's cost grows faster than its size
+        share = left * min(1.0, 4 / (piece + 1))
+        if kind == "whole":
+            try:
+                run = solve_cpsat(smaller, warm_start=starts, time_limit=share,
+                                  threads=threads, split_backward=split_backward,
+                                  placement=placement, decompose=False)
+            except NoHint:
                 continue
-            # what is left, front-loaded: the pieces still to solve sum to about
-            # piece^2 microbatches, and a proof's cost grows faster than its size
-            share = left * min(1.0, 4 / (piece + 1))
-            if kind == "whole":
-                try:
-                    run = solve_cpsat(smaller, warm_start=starts, time_limit=share,
-                                      threads=threads, split_backward=split_backward,
-                                      placement=placement, decompose=False)
-                except NoHint:
-                    continue
-                if run.bound is not None:
-                    cuts.whole[n] = run.bound
-            else:
-                reach = solve_reach(smaller, warm_start=starts, time_limit=share,
-                                    threads=threads, split_backward=split_backward,
-                                    placement=placement)
-                if reach is not None:
-                    cuts.reach[n] = reach
-            if heartbeat is not None:
-                heartbeat()
+            if run.bound is not None:
+                cuts.whole[n] = run.bound
+        else:
+            reach = solve_reach(smaller, warm_start=starts, time_limit=share,
+                                threads=threads, split_backward=split_backward,
+                                placement=placement)
+            if reach is not None:
+                cuts.reach[n] = reach
+        if heartbeat is not None:
+            heartbeat()
     return cuts
