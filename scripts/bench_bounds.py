@@ -36,8 +36,7 @@ import time
 from bench_solver import ROOT, bench_problem  # also puts the repository on sys.path
 
 from optpipe.optimizer.cpsat import solve_cpsat  # noqa: E402
-from optpipe.optimizer.extend import first_microbatches  # noqa: E402
-from optpipe.optimizer.prefix import MAX_PIECE, prefix_cuts  # noqa: E402
+from optpipe.optimizer.prefix import MAX_PIECE, prefix_cuts, truncated_hints  # noqa: E402
 from optpipe.optimizer.preprocess import (fixed_schedules, lower_bound,  # noqa: E402
                                           memory_bound, task_graph)
 from optpipe.schedule import interleaved_placement, v_placement  # noqa: E402
@@ -94,8 +93,7 @@ def _cuts(problem, seconds: float, threads: int) -> tuple[float, float] | None:
                 key=lambda c: c.makespan)[:3]
     t0 = time.monotonic()
     cuts = prefix_cuts(problem, place, True, time_limit=seconds, threads=threads,
-                       hints=lambda q: [first_microbatches(c.schedule, q.microbatches)
-                                        for c in on])
+                       hints=truncated_hints([c.schedule for c in on]))
     return max(cuts.makespan_bound(problem.microbatches), memory_bound(task_graph(problem))), \
         time.monotonic() - t0
 

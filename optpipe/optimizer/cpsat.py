@@ -725,6 +725,16 @@ class NoHint(Exception):
     """No fixed schedule on the requested placement fits (only for chunked placements)."""
 
 
+def new_solver(seconds: float, threads: int) -> cp_model.CpSolver:
+    """A CP-SAT solver as every model here runs it: ``seconds``, ``threads`` workers,
+    presolve probing off (how the order model was proven in the prototypes)."""
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = seconds
+    solver.parameters.num_workers = max(1, threads)
+    solver.parameters.cp_model_probing_level = 0
+    return solver
+
+
 def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] | None = None,
                 time_limit: float = 60.0, gap: float = 0.0, threads: int = 2,
                 offload: bool = False, split_backward: bool = True,
@@ -768,8 +778,6 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
         builder, handles = build_order_model(problem, ticks, horizon, lower, hint,
                                              cuts=cuts)
     builder.add_hints()
-    solver = cp_model.CpSolver()
-    params = solver.parameters
     deadline = t0 + time_limit
     if decompose is None:
         # the window search finds the steady states of memory-bound pipelines; where
@@ -780,10 +788,9 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
         decompose = (memory_binds and problem.microbatches >= 2 * WINDOW
                      and problem.stages * problem.microbatches >= DECOMPOSE_MIN_CELLS)
     full_share = FULL_SHARE if decompose else 1.0
-    params.max_time_in_seconds = max(0.1, (deadline - time.monotonic()) * full_share)
-    params.num_workers = max(1, threads)
+    solver = new_solver(max(0.1, (deadline - time.monotonic()) * full_share), threads)
+    params = solver.parameters
     params.relative_gap_limit = max(0.0, gap)
-    params.cp_model_probing_level = 0
     params.log_search_progress = log
     if fix_hint:
         params.fix_variables_to_their_hinted_value = True
@@ -880,11 +887,7 @@ def solve_reach(problem: Problem, *, warm_start: Sequence[Schedule], time_limit:
     target = handles.start[(Op.F, 0, problem.microbatches - 1)]
     builder.model.minimize(target)
     builder.add_hints()
-    solver = cp_model.CpSolver()
-    params = solver.parameters
-    params.max_time_in_seconds = max(0.05, time_limit)
-    params.num_workers = max(1, threads)
-    params.cp_model_probing_level = 0
+    solver = new_solver(max(0.05, time_limit), threads)
     code = solver.solve(builder.model)
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None

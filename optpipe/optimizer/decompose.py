@@ -37,7 +37,7 @@ def window_search(problem: Problem, ticks, hint, *, lower: int, deadline: float,
     Stops early when the incumbent reaches ``lower`` (ticks) or a full sweep finds
     nothing; on a fruitless sweep the window grows by half (larger neighbourhoods).
     """
-    from optpipe.optimizer.cpsat import _extract, build_order_model, make_hint
+    from optpipe.optimizer.cpsat import _extract, build_order_model, make_hint, new_solver
 
     M = problem.microbatches
     stats = WindowStats(window=min(window, M))
@@ -69,11 +69,8 @@ def window_search(problem: Problem, ticks, hint, *, lower: int, deadline: float,
             left = deadline - time.monotonic() - overrun
             if left < 0.3:
                 break
-            solver = cp_model.CpSolver()
             limit = max(0.1, min(step_limit, left - 0.2))
-            solver.parameters.max_time_in_seconds = limit
-            solver.parameters.num_workers = max(1, threads)
-            solver.parameters.cp_model_probing_level = 0
+            solver = new_solver(limit, threads)
             t_solve = time.monotonic()
             code = solver.solve(builder.model)
             # CP-SAT's initial propagation is not interruptible: with the chained orders

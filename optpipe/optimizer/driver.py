@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 
 from optpipe.errors import InfeasibleError, OptPipeError
 from optpipe.optimizer import cache as cache_mod
-from optpipe.optimizer.prefix import MAX_PIECE, PrefixCuts, prefix_cuts
+from optpipe.optimizer.prefix import MAX_PIECE, PrefixCuts, prefix_cuts, truncated_hints
 from optpipe.optimizer.preprocess import (Candidate, FixedSet, fixed_schedules,
                                           infeasible_devices, lower_bound, memory_bound,
                                           min_budgets, task_graph)
@@ -442,6 +442,16 @@ def _in_space(schedule: Schedule, split: bool, fused_faster: bool) -> bool:
     return not schedule.splits_backward
 
 
+def _fitting_on(fixed: FixedSet, place: list[int], split: bool, fused_faster: bool,
+                use_offload: bool) -> list[Candidate]:
+    """Fitting schedules on placement ``place`` that the engines' space (split or fused,
+    :func:`_in_space`) contains, offloading ones only if ``use_offload``; fastest first."""
+    on = [c for c in fixed.candidates if c.fits and list(c.schedule.placement) == place
+          and (use_offload or not c.schedule.offloads)
+          and _in_space(c.schedule, split, fused_faster)]
+    return sorted(on, key=lambda c: c.makespan)
+
+
 def _hint_pool(fixed: FixedSet, split_backward: bool) -> list[Schedule]:
     """Fitting fixed schedules, fastest first (each engine run keeps its placement's)."""
     pool = [c for c in fixed.candidates if c.fits
@@ -504,9 +514,7 @@ def _spaces(problem: Problem, split_backward: bool, fixed: FixedSet,
     faster = _fused_faster(problem)
     out = []
     for label, place, split in _shapes(problem, split_backward, allowed):
-        on = [c for c in fixed.candidates if c.fits and list(c.schedule.placement) == place
-              and (use_offload or not c.schedule.offloads)
-              and _in_space(c.schedule, split, faster)]
+        on = _fitting_on(fixed, place, split, faster, use_offload)
         if place != linear_placement(problem.devices) and not on:
             continue
         graph = task_graph(problem, split, place)
@@ -653,20 +661,11 @@ def _cuts_pay(problem: Problem, space: _Space, use_offload: bool) -> bool:
 def _prefix_cuts(problem: Problem, space: _Space, fixed: FixedSet, seconds: float,
                  threads: int, progress: "_SearchProgress | None") -> PrefixCuts:
     """Solve the pieces for ``space``, hinted with the first microbatches of its best
-    fitting schedules (valid schedules of the pieces, and free: running every
-    generator on 32 pieces took 5-9 s)."""
-    from optpipe.optimizer.extend import first_microbatches
-
-    faster = _fused_faster(problem)
-    on = sorted((c for c in fixed.candidates
-                 if c.fits and list(c.schedule.placement) == space.placement
-                 and not c.schedule.offloads and _in_space(c.schedule, space.split, faster)),
-                key=lambda c: c.makespan)[:HINTS_PER_PIECE]
-
-    def hints(smaller: Problem) -> list[Schedule]:
-        return [first_microbatches(c.schedule, smaller.microbatches) for c in on]
+    fitting schedules (:func:`~.prefix.truncated_hints`)."""
+    on = _fitting_on(fixed, space.placement, space.split, _fused_faster(problem), False)
     return prefix_cuts(problem, space.placement, space.split, time_limit=seconds,
-                       threads=threads, hints=hints,
+                       threads=threads,
+                       hints=truncated_hints([c.schedule for c in on[:HINTS_PER_PIECE]]),
                        heartbeat=progress.emit if progress else None)
 
 
@@ -696,10 +695,8 @@ def _placement_proofs(problem: Problem, spaces: list[_Space], runs: list[EngineR
     for sp in spaces:
         label = "linear+offload" if sp.label == "linear" and use_offload else sp.label
         best = min([_makespan_of(runs, sp.label), _makespan_of(runs, label)]
-                   + [c.makespan for c in fixed.candidates if c.fits
-                      and list(c.schedule.placement) == sp.placement
-                      and (use_offload or not c.schedule.offloads)
-                      and _in_space(c.schedule, sp.split, faster)],
+                   + [c.makespan for c in _fitting_on(fixed, sp.placement, sp.split, faster,
+                                                      use_offload)],
                    default=math.inf)
         if not math.isfinite(best):
             continue

@@ -57,10 +57,10 @@ def repeat_window(schedule: Schedule, group: int, copies: int, first: int) -> Sc
         return None
     orders = []
     for acts in schedule.actions:
-        at = _window(acts, group, first)
-        if at is None:
+        found = _window(acts, group, first)
+        if found is None:
             return None
-        width = group * len({(a.op, a.stage) for a in acts})
+        at, width = found
         window = acts[at:at + width]
         order = acts[:at + width]
         for q in range(1, copies + 1):
@@ -92,9 +92,10 @@ def _shifted(actions: Sequence[Action], by: int) -> list[Action]:
     return [replace(a, microbatch=a.microbatch + by) for a in actions]
 
 
-def _window(acts: Sequence[Action], group: int, first: int) -> int | None:
-    """Start of the first window of ``acts`` with ``group`` actions of each (op, stage)
-    whose first-stage forwards begin at microbatch ``first`` (a sliding count)."""
+def _window(acts: Sequence[Action], group: int, first: int) -> tuple[int, int] | None:
+    """Start and width of the first window of ``acts`` with ``group`` actions of each
+    (op, stage) whose first-stage forwards begin at microbatch ``first`` (a sliding
+    count)."""
     types = {(a.op, a.stage) for a in acts}
     width = group * len(types)
     if width > len(acts):
@@ -109,13 +110,15 @@ def _window(acts: Sequence[Action], group: int, first: int) -> int | None:
             starts = [a.microbatch for a in acts[at:at + width]
                       if a.op is Op.F and a.stage == lead]
             if starts and starts[0] == first:
-                return at
+                return at, width
     return None
 
 
 def extensions(problem: Problem, source: Schedule, *, keep: int = 2,
-               deadline: float | None = None) -> list[tuple[Schedule, SimResult]]:
-    """The fastest fitting extensions of ``source`` to ``problem``'s microbatches.
+               deadline: float | None = None, label: str = "extended"
+               ) -> list[tuple[Schedule, SimResult]]:
+    """The fastest fitting extensions of ``source`` to ``problem``'s microbatches, named
+    ``<label>-k<group>``.
 
     Tries every group size ``K`` up to half the source's microbatches that divides the
     microbatches to add, and every window start, middle windows first (until
@@ -148,6 +151,7 @@ def extensions(problem: Problem, source: Schedule, *, keep: int = 2,
     best = sorted(found.items())[:keep]
     out = []
     for _, (extended, result, group) in best:
+        extended.name = f"{label}-k{group}"
         extended.provenance = {"source": "optimizer", "name": extended.name,
                                "extended_from": source.name,
                                "source_microbatches": source.microbatches,
@@ -192,8 +196,4 @@ def extended_schedules(problem: Problem, placement: Sequence[int], split_backwar
     except NoHint:
         return []
     source = run.schedule if run.schedule is not None else starts[0]
-    out = extensions(problem, source, deadline=t0 + time_limit)
-    for schedule, _ in out:
-        schedule.name = f"{label}-k{schedule.provenance['group']}"
-        schedule.provenance["name"] = schedule.name
-    return out
+    return extensions(problem, source, deadline=t0 + time_limit, label=label)

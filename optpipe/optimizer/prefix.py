@@ -55,6 +55,18 @@ class PrefixCuts:
         return best[microbatches]
 
 
+def truncated_hints(schedules: Sequence[Schedule]) -> Callable[[Problem], list[Schedule]]:
+    """Hints for the pieces: the first microbatches of ``schedules`` (of the whole
+    problem), which are valid schedules of each piece and cost nothing to make
+    (:func:`~.extend.first_microbatches`); running every generator on 32 pieces took
+    5-9 s."""
+    from optpipe.optimizer.extend import first_microbatches
+
+    def hints(smaller: Problem) -> list[Schedule]:
+        return [first_microbatches(s, smaller.microbatches) for s in schedules]
+    return hints
+
+
 def prefix_cuts(problem: Problem, placement: Sequence[int] | None, split_backward: bool,
                 *, time_limit: float, threads: int = 2,
                 hints: Callable[[Problem], list[Schedule]],
