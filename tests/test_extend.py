@@ -12,6 +12,7 @@ import pytest
 from optpipe.generators import generate
 from optpipe.optimizer.driver import solve
 from optpipe.optimizer.extend import extended_schedules, extensions, repeat_window
+from optpipe.optimizer.prefix import PrefixCuts
 from optpipe.optimizer.preprocess import fixed_schedules
 from optpipe.problem import uniform_problem
 from optpipe.schedule import Op, linear_placement, v_placement
@@ -82,8 +83,11 @@ def test_extended_schedules_solve_half_then_repeat() -> None:
         return [c.schedule for c in sorted(fixed_schedules(half).candidates,
                                            key=lambda c: c.makespan)
                 if c.fits and c.schedule.placement == place]
-    out = extended_schedules(problem, place, True, time_limit=8, hints=hints)
+    proven = PrefixCuts()
+    out = extended_schedules(problem, place, True, time_limit=8, hints=hints, proven=proven)
     assert out
+    # the half's optimum is kept for the prefix cuts (docs/optimizer.md: 82.8 s)
+    assert proven.whole == {16: pytest.approx(82.8)} and proven.exact == {16}
     schedule, result = out[0]
     assert result.fits and schedule.name.startswith("extended-k")
     assert result.makespan == pytest.approx(164.4)

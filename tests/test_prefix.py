@@ -95,3 +95,34 @@ def test_driver_starts_one_stage_per_device_from_its_cuts() -> None:
     linear = [r for r in res.runs if r.extra.get("space") == "linear"]
     assert linear and linear[0].extra["lower_bound"] > memory_bound(task_graph(problem)) + 1e-6
     assert res.bound <= res.sim.makespan + 1e-6 and res.sim.fits
+
+
+def test_pieces_already_proven_are_not_solved_again(monkeypatch) -> None:
+    """The extended schedules prove the optimum of half the microbatches; the cuts take
+    it (``known``) instead of solving that piece again, and keep its value."""
+    import optpipe.optimizer.cpsat as cpsat
+
+    problem = uniform_problem(4, 20, forward=1.0, backward_input=1.0, backward_weight=1.0,
+                              p2p=0.05, activation=2, freed_by_b=1,
+                              static=0).activation_budget(2)
+    place = linear_placement(4)
+    sixteen = replace(problem, microbatches=16)
+    run = solve_cpsat(sixteen, warm_start=placement_hints(sixteen, place, True, None),
+                      time_limit=30)
+    assert run.status == "optimal"
+    known = PrefixCuts()
+    known.record_whole(16, run.bound, True)
+    known.record_whole(16, run.bound - 1.0, False)       # a weaker bound changes nothing
+    assert known.whole == {16: run.bound} and known.exact == {16}
+
+    solved: list[int] = []
+    real = cpsat.solve_cpsat
+
+    def counting(smaller, **kwargs):
+        solved.append(smaller.microbatches)
+        return real(smaller, **kwargs)
+    monkeypatch.setattr(cpsat, "solve_cpsat", counting)
+    cuts = prefix_cuts(problem, place, True, time_limit=10, hints=_hints(place, True),
+                       known=known)
+    assert 16 not in solved and solved          # the other pieces were solved
+    assert cuts.whole[16] == pytest.approx(run.bound) and 16 in cuts.exact

@@ -170,12 +170,15 @@ def solve(problem: Problem, *, solver: str = "auto", offload: bool | None = None
     reporter = _progress_sink(progress)
     # decided before the warm starts below join the candidates (they fit, and fast)
     binds = _memory_binds_hard(fixed, use_offload, split_backward)
+    # what the extended schedules' sources prove on fewer microbatches, for the cuts
+    proven = PrefixCuts()
     if binds:
         _add_periodic(problem, fixed, split_backward, use_offload,
                       time_limit * PERIODIC_SHARE, threads, allowed)
         _add_extended(problem, fixed, split_backward, use_offload,
                       time_limit * EXTEND_SHARE, threads, allowed,
-                      _heartbeat(reporter, t0, fixed, use_offload, split_backward))
+                      _heartbeat(reporter, t0, fixed, use_offload, split_backward),
+                      proven)
     best_fixed = _bar(fixed, use_offload, split_backward)
     runs: list[EngineResult] = []
     engine = "cpsat" if solver == "auto" else solver
@@ -190,7 +193,7 @@ def solve(problem: Problem, *, solver: str = "auto", offload: bool | None = None
                               deadline=t0 + time_limit, gap=gap, threads=threads,
                               use_offload=use_offload, split_backward=split_backward,
                               levels=levels, progress=live, notes=notes,
-                              memory_binds=binds)
+                              memory_binds=binds, proven=proven)
     finally:
         if reporter is not None and hasattr(reporter, "close"):
             reporter.close()
@@ -348,7 +351,8 @@ def _add_periodic(problem: Problem, fixed: FixedSet, split_backward: bool,
 def _add_extended(problem: Problem, fixed: FixedSet, split_backward: bool,
                   use_offload: bool, seconds: float, threads: int,
                   allowed: tuple[str, ...] | None,
-                  heartbeat: Callable[[], None] | None = None) -> None:
+                  heartbeat: Callable[[], None] | None = None,
+                  proven: PrefixCuts | None = None) -> None:
     """Add schedules extended from a search on half the microbatches (:mod:`.extend`).
 
     Why: with one stage per device and memory binding, the best schedules run groups of
@@ -360,6 +364,8 @@ def _add_extended(problem: Problem, fixed: FixedSet, split_backward: bool,
     memory bound leaves it a chance to win. Not for the chunked placements: there,
     measured at 8 x 64 and 16 x 64, S/2, extensions of a 15 s search were 14-33 %
     slower than the periodic V blocks, which already are their steady state.
+    What the searches on fewer microbatches prove goes into ``proven``, for the prefix
+    cuts (:func:`_search`).
     """
     from optpipe.optimizer.extend import MIN_SOURCE_MICROBATCHES, extended_schedules
 
@@ -380,7 +386,7 @@ def _add_extended(problem: Problem, fixed: FixedSet, split_backward: bool,
     for schedule, result in extended_schedules(problem, place, split_backward,
                                                time_limit=seconds, threads=threads,
                                                label="extended-linear", hints=hints,
-                                               heartbeat=heartbeat):
+                                               heartbeat=heartbeat, proven=proven):
         fixed.candidates.append(Candidate(schedule.name, schedule, result))
 
 
@@ -537,7 +543,8 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
             deadline: float, gap: float, threads: int, use_offload: bool,
             split_backward: bool, levels: Sequence[float],
             progress: "_SearchProgress | None", notes: list[str],
-            memory_binds: bool = False) -> float | None:
+            memory_binds: bool = False, proven: PrefixCuts | None = None
+            ) -> float | None:
     """Run the engines over the placements; return the proven bound over all of them.
 
     A placement whose lower bound is no better than the incumbent is skipped (it cannot
@@ -550,7 +557,8 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
     model's; the other placements fall back to their no-memory bounds. When
     ``memory_binds`` (hard, :func:`_memory_binds_hard`), one stage per device's first
     run is preceded by its prefix cuts (:func:`_cuts_pay`), which raise its bound and
-    go into its model.
+    go into its model; they start from ``proven`` (one stage per device's pieces
+    already solved for the extended schedules).
     """
     incumbent = best_fixed.makespan if best_fixed is not None else math.inf
     linear = next((sp for sp in spaces if sp.label == "linear"), None)
@@ -602,7 +610,10 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
                     _cuts_pay(problem, space, use_offload):
                 began = time.monotonic()
                 cuts[space.label] = _prefix_cuts(problem, space, fixed, limit * CUTS_SHARE,
-                                                 threads, progress)
+                                                 threads, progress,
+                                                 proven if space.label == "linear"
+                                                 and space.split == split_backward
+                                                 else None)
                 space.bound = max(space.bound,
                                   cuts[space.label].makespan_bound(problem.microbatches))
                 limit -= time.monotonic() - began
@@ -659,14 +670,16 @@ def _cuts_pay(problem: Problem, space: _Space, use_offload: bool) -> bool:
 
 
 def _prefix_cuts(problem: Problem, space: _Space, fixed: FixedSet, seconds: float,
-                 threads: int, progress: "_SearchProgress | None") -> PrefixCuts:
+                 threads: int, progress: "_SearchProgress | None",
+                 known: PrefixCuts | None = None) -> PrefixCuts:
     """Solve the pieces for ``space``, hinted with the first microbatches of its best
-    fitting schedules (:func:`~.prefix.truncated_hints`)."""
+    fitting schedules (:func:`~.prefix.truncated_hints`), beyond what ``known`` (of one
+    stage per device, the only placement the cuts are built for) already holds."""
     on = _fitting_on(fixed, space.placement, space.split, _fused_faster(problem), False)
     return prefix_cuts(problem, space.placement, space.split, time_limit=seconds,
                        threads=threads,
                        hints=truncated_hints([c.schedule for c in on[:HINTS_PER_PIECE]]),
-                       heartbeat=progress.emit if progress else None)
+                       heartbeat=progress.emit if progress else None, known=known)
 
 
 def _offload_bound(space: _Space, linear: float) -> float:

@@ -26,12 +26,16 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import replace
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from optpipe.errors import OptPipeError
+from optpipe.optimizer.result import OPTIMAL
 from optpipe.problem import Problem
 from optpipe.schedule import Action, Op, Schedule, from_orders
 from optpipe.simulator import SimResult, simulate
+
+if TYPE_CHECKING:
+    from optpipe.optimizer.prefix import PrefixCuts
 
 #: The smallest source solved: below it the pipeline has no steady state to repeat.
 MIN_SOURCE_MICROBATCHES = 16
@@ -163,7 +167,8 @@ def extensions(problem: Problem, source: Schedule, *, keep: int = 2,
 def extended_schedules(problem: Problem, placement: Sequence[int], split_backward: bool,
                        *, time_limit: float, threads: int = 2, label: str = "extended",
                        hints: Callable[[Problem], list[Schedule]],
-                       heartbeat: Callable[[], None] | None = None
+                       heartbeat: Callable[[], None] | None = None,
+                       proven: "PrefixCuts | None" = None
                        ) -> list[tuple[Schedule, SimResult]]:
     """Schedules of ``problem`` extended from a search on half its microbatches.
 
@@ -171,6 +176,8 @@ def extended_schedules(problem: Problem, placement: Sequence[int], split_backwar
     and, when the half is large enough, with its own extensions: 64 from 32 from 16),
     and its best schedule is extended (:func:`extensions`). [] when the problem has
     fewer than twice :data:`MIN_SOURCE_MICROBATCHES` microbatches or nothing fits.
+    ``proven`` (when given) keeps each half's proven bound (:meth:`.PrefixCuts.
+    record_whole`), so the prefix cuts need not solve those pieces again.
     """
     from optpipe.optimizer.cpsat import NoHint, solve_cpsat
 
@@ -183,7 +190,8 @@ def extended_schedules(problem: Problem, placement: Sequence[int], split_backwar
     if half.microbatches >= 2 * MIN_SOURCE_MICROBATCHES:
         inner = extended_schedules(half, placement, split_backward,
                                    time_limit=time_limit * INNER_SHARE, threads=threads,
-                                   label=label, hints=hints, heartbeat=heartbeat)
+                                   label=label, hints=hints, heartbeat=heartbeat,
+                                   proven=proven)
         starts = [s for s, _ in inner] + starts
     if not starts:
         return []
@@ -195,5 +203,7 @@ def extended_schedules(problem: Problem, placement: Sequence[int], split_backwar
                           placement=placement, progress=progress)
     except NoHint:
         return []
+    if proven is not None:
+        proven.record_whole(half.microbatches, run.bound, run.status == OPTIMAL)
     source = run.schedule if run.schedule is not None else starts[0]
     return extensions(problem, source, deadline=t0 + time_limit, label=label)

@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
+from optpipe.optimizer.result import OPTIMAL
 from optpipe.problem import Problem
 from optpipe.schedule import Schedule
 
@@ -44,6 +45,17 @@ class PrefixCuts:
     reach: dict[int, float] = field(default_factory=dict)
     #: ``n`` -> least makespan (a proven bound) of ``n`` microbatches.
     whole: dict[int, float] = field(default_factory=dict)
+    #: the ``n`` whose ``whole[n]`` is the proven optimum, not only a bound: solving
+    #: them again can add nothing.
+    exact: set[int] = field(default_factory=set)
+
+    def record_whole(self, n: int, bound: float | None, optimal: bool) -> None:
+        """Keep what a solve on ``n`` microbatches proved (the best bound so far)."""
+        if bound is None:
+            return
+        self.whole[n] = max(self.whole.get(n, 0.0), bound)
+        if optimal:
+            self.exact.add(n)
 
     def makespan_bound(self, microbatches: int) -> float:
         """The best chain ``reach[d1] + reach[d2] + ... + whole[n]`` covering
@@ -70,7 +82,8 @@ def truncated_hints(schedules: Sequence[Schedule]) -> Callable[[Problem], list[S
 def prefix_cuts(problem: Problem, placement: Sequence[int] | None, split_backward: bool,
                 *, time_limit: float, threads: int = 2,
                 hints: Callable[[Problem], list[Schedule]],
-                heartbeat: Callable[[], None] | None = None) -> PrefixCuts:
+                heartbeat: Callable[[], None] | None = None,
+                known: PrefixCuts | None = None) -> PrefixCuts:
     """Solve the pieces, largest first, until ``time_limit``: for each ``n`` from
     ``min(MAX_PIECE, M - 1)`` down, ``whole[n]`` (CP-SAT's proven bound on ``n``
     microbatches) and ``reach[n]`` (on ``n + 1``), each followed by its complement
@@ -78,17 +91,25 @@ def prefix_cuts(problem: Problem, placement: Sequence[int] | None, split_backwar
     covering ``M`` exists early. Largest first, because the large pieces carry the
     bound (at 8 x 32, ``reach[16] + whole[16]`` alone is 152.7 s of 154.5 s), and the
     small ones are cheap to skip. ``hints(smaller)``: fitting schedules of a smaller
-    problem on the placement, for CP-SAT to start from."""
+    problem on the placement, for CP-SAT to start from. ``known``: what solves of the
+    same problem on fewer microbatches already proved (the extended schedules' sources,
+    :func:`~.extend.extended_schedules`); it is kept, and the pieces it solved to
+    optimality are not solved again (at 16 x 32, S/2, the 16-microbatch optimum took
+    3-14 s)."""
     from optpipe.optimizer.cpsat import NoHint, solve_cpsat, solve_reach
 
     t0 = time.monotonic()
     cuts = PrefixCuts()
+    if known is not None:
+        cuts.whole.update(known.whole)
+        cuts.exact.update(known.exact)
     M = problem.microbatches
     top = min(MAX_PIECE, M - 1)
     tasks: list[tuple[str, int]] = []
     for n in range(top, 0, -1):
         for task in (("whole", n), ("reach", M - n), ("reach", n), ("whole", M - n)):
-            if 0 < task[1] <= top and task not in tasks:
+            if 0 < task[1] <= top and task not in tasks and \
+                    not (task[0] == "whole" and task[1] in cuts.exact):
                 tasks.append(task)
     for kind, n in tasks:
         left = time_limit - (time.monotonic() - t0)
@@ -109,8 +130,7 @@ def prefix_cuts(problem: Problem, placement: Sequence[int] | None, split_backwar
                                   placement=placement, decompose=False)
             except NoHint:
                 continue
-            if run.bound is not None:
-                cuts.whole[n] = run.bound
+            cuts.record_whole(n, run.bound, run.status == OPTIMAL)
         else:
             reach = solve_reach(smaller, warm_start=starts, time_limit=share,
                                 threads=threads, split_backward=split_backward,
