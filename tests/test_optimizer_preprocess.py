@@ -266,3 +266,68 @@ def test_fifo_chains_cover_every_task() -> None:
     graph = task_graph(uniform_problem(3, 4), split_backward=False)
     assert {k for chain in graph.chains for k in chain} == set(graph.keys)
     assert all(k[0] in (Op.F, Op.BW) for k in graph.keys)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_forward_room_is_the_best_fit(seed: int) -> None:
+    """The forward work that fits a device's room, against every count vector."""
+    import itertools
+    import random
+
+    from optpipe.optimizer.preprocess import _forward_room
+
+    rng = random.Random(seed)
+    forwards = [(rng.choice([0.5, 1.0, 1.5]), rng.choice([0, 1, 2, 3]))
+                for _ in range(rng.randint(1, 3))]
+    room, count = rng.randint(0, 9), rng.randint(1, 4)
+    best = max(sum(n * f for n, (f, _) in zip(ns, forwards))
+               for ns in itertools.product(range(count + 1), repeat=len(forwards))
+               if sum(n * a for n, (_, a) in zip(ns, forwards)) <= room)
+    assert _forward_room(forwards, room, count) == pytest.approx(best)
+
+
+def test_warm_up_bound_is_the_optimum_at_1f1b_memory() -> None:
+    """The benchmark's 4 x 8 at budget S (1F1B's memory) on the V shape: the middle
+    device holds four microbatches of both its chunks when its first backward can come
+    back, so it idles 0.3 s; the warm-up bound is CP-SAT's proven optimum, 25.95 s,
+    where the no-memory and round-trip bounds stop at 25.65 s (docs/optimizer.md,
+    the small-cell table)."""
+    from optpipe.optimizer.cpsat import solve_cpsat
+    from optpipe.optimizer.preprocess import memory_bounds
+
+    problem = uniform_problem(4, 8, forward=1.0, backward_input=1.0, backward_weight=1.0,
+                              p2p=0.05, activation=2, freed_by_b=1).activation_budget(4)
+    place = v_placement(4)
+    graph = task_graph(problem, True, place)
+    trip, warm = memory_bounds(graph)
+    assert lower_bound(graph) == pytest.approx(25.65) and trip == pytest.approx(25.65)
+    assert warm == pytest.approx(25.95)
+    run = solve_cpsat(problem, warm_start=placement_hints(problem, place, True),
+                      time_limit=30, placement=place, decompose=False)
+    assert run.status == "optimal" and run.objective == pytest.approx(25.95)
+
+
+def test_warm_up_bound_never_exceeds_a_proven_optimum() -> None:
+    """On random uneven problems, every placement: the warm-up bound (over the round
+    trip's earliest starts) against CP-SAT's proven optimum; it must rise above the
+    no-memory bound somewhere, or this checks nothing."""
+    from optpipe.optimizer.cpsat import solve_cpsat
+    from optpipe.optimizer.preprocess import memory_bounds
+
+    above = 0
+    for seed in range(8):
+        problem = random_problem(seed)
+        shapes = {"linear": lambda d: list(range(d)), **CHUNKED}
+        for shape, make in sorted(shapes.items()):
+            place = make(problem.devices)
+            hints = placement_hints(problem, place, True)
+            if not hints:
+                continue
+            run = solve_cpsat(problem, warm_start=hints, time_limit=20, placement=place,
+                              decompose=False)
+            assert run.status == "optimal", (seed, shape)
+            graph = task_graph(problem, True, place)
+            warm = memory_bounds(graph)[1]
+            assert warm <= run.objective + 1e-6, (seed, shape)
+            above += warm > lower_bound(graph) + 1e-6
+    assert above

@@ -41,7 +41,7 @@ from optpipe.memory.accounting import transfer_bytes
 from optpipe.optimizer.extract import orders_from_starts, reload_positions
 from optpipe.optimizer.preprocess import (Key, TaskGraph, asap_ticks, canonical_form,
                                           choose_scale, earliest_starts, graph_placement,
-                                          latest_starts, lower_bound, memory_bound,
+                                          latest_starts, lower_bound, memory_bounds,
                                           memory_implied_orders, task_graph)
 from optpipe.optimizer.result import (ERROR, FEASIBLE, INFEASIBLE, OPTIMAL, UNKNOWN,
                                       EngineResult, ProgressFn, relative_gap)
@@ -763,11 +763,13 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
     starts = ([warm_start] if isinstance(warm_start, Schedule) else list(warm_start or []))
     hint = _pick_hint(problem, ticks, offload, levels, starts)
     horizon = hint.makespan
-    # without offload the memory round trip bounds one stage per device too
+    # without offload the memory bounds (round trip, warm-up) count too
     free = lower_bound(ticks.graph)
-    lower = int(math.ceil((free if offload else memory_bound(ticks.graph, free)) - 1e-9))
-    # the memory round trip bounds the makespan above the no-memory bound: memory binds
-    memory_binds = not offload and lower > math.ceil(free - 1e-9)
+    trip, warm = (free, free) if offload else memory_bounds(ticks.graph, free)
+    lower = int(math.ceil(max(trip, warm) - 1e-9))
+    # the round trip bounds the makespan above the no-memory bound: memory binds the
+    # steady state (the warm-up bound rises at budget S too, where it does not)
+    memory_binds = not offload and math.ceil(trip - 1e-9) > math.ceil(free - 1e-9)
     if cuts is not None and not offload:
         lower = max(lower, int(math.ceil(cuts.makespan_bound(problem.microbatches)
                                          * ticks.scale - 1e-6)))
