@@ -32,7 +32,10 @@ _PACKAGE = Path(__file__).resolve().parent.parent
 #: placements judged on measured or modelled cuts where the problem has them; 6: extended
 #: schedules as warm starts and prefix cuts for one stage per device). A cached
 #: schedule from an older search that was not proven optimal is solved again: the same
-#: problem and time limit may now give a faster one.
+#: problem and time limit may now give a faster one. Not bumped for the warm-up memory
+#: bound (2026-12-01): it proves more but searches the same way (the window search
+#: still keys on the round trip), so a cached answer would come back no faster; its
+#: stored bound is true, only weaker.
 SEARCH_REVISION = 6
 
 
