@@ -609,11 +609,10 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
             if engine == "cpsat" and memory_binds and space.label not in cuts and \
                     _cuts_pay(problem, space, use_offload):
                 began = time.monotonic()
+                # _cuts_pay admits only "linear", whose space is the problem's own
+                # split: the one the extended schedules' sources were proven on
                 cuts[space.label] = _prefix_cuts(problem, space, fixed, limit * CUTS_SHARE,
-                                                 threads, progress,
-                                                 proven if space.label == "linear"
-                                                 and space.split == split_backward
-                                                 else None)
+                                                 threads, progress, proven)
                 space.bound = max(space.bound,
                                   cuts[space.label].makespan_bound(problem.microbatches))
                 limit -= time.monotonic() - began
@@ -636,12 +635,12 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
         for sp in spaces:
             sp.bound = _offload_bound(sp, lb_linear)
     if use_offload and linear is not None:
-        proven = [r for r in runs if r.extra.get("space") == "linear"
-                  and r.status == OPTIMAL and r.objective is not None
-                  and r.objective <= lb_linear * (1 + 1e-9)]
+        optimal_runs = [r for r in runs if r.extra.get("space") == "linear"
+                        and r.status == OPTIMAL and r.objective is not None
+                        and r.objective <= lb_linear * (1 + 1e-9)]
         left = deadline - time.monotonic()
-        if proven:
-            linear.bound = proven[0].objective
+        if optimal_runs:
+            linear.bound = optimal_runs[0].objective
         elif problem.stages * problem.microbatches > OFFLOAD_MAX_CELLS:
             notes.append(f"offload model skipped: {problem.stages} x {problem.microbatches} "
                          f"is over its size limit ({OFFLOAD_MAX_CELLS} stage x microbatch "

@@ -99,10 +99,8 @@ def prefix_cuts(problem: Problem, placement: Sequence[int] | None, split_backwar
     from optpipe.optimizer.cpsat import NoHint, solve_cpsat, solve_reach
 
     t0 = time.monotonic()
-    cuts = PrefixCuts()
-    if known is not None:
-        cuts.whole.update(known.whole)
-        cuts.exact.update(known.exact)
+    cuts = PrefixCuts() if known is None else \
+        PrefixCuts(whole=dict(known.whole), exact=set(known.exact))
     M = problem.microbatches
     top = min(MAX_PIECE, M - 1)
     tasks: list[tuple[str, int]] = []
