@@ -99,3 +99,14 @@ def test_real_process_exit_code_and_no_traceback():
     proc = run_cli("compare", "--stages", "4", "--mem", "lots")
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and "write it like" in proc.stderr
+
+
+def test_python_dash_m_optpipe_is_the_same_command(problem_file):
+    """``python -m optpipe`` (no console script on PATH) runs the same CLI, exit codes too."""
+    ok = subprocess.run([sys.executable, "-m", "optpipe", "simulate", "--problem",
+                         str(problem_file), "--schedule", "1f1b", "--json"],
+                        capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0 and json.loads(ok.stdout)["makespan"] > 0
+    bad = subprocess.run([sys.executable, "-m", "optpipe", "compare", "--stages", "4",
+                          "--mem", "lots"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
