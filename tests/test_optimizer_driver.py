@@ -300,3 +300,16 @@ def test_bad_placements_are_clear_errors() -> None:
         solve(problem, progress=False, placements=["linear", "zigzag"])
     with pytest.raises(OptPipeError, match="only placement is linear"):
         solve(uniform_problem(1, 4), progress=False, placements=["v"])
+
+
+def test_extensions_get_the_larger_share_only_where_their_source_is_large() -> None:
+    """The share follows the *source's* size (half the microbatches): 16 x 64 (a 512-cell
+    source) gets the larger share, 8 x 64 and 16 x 32 (256-cell sources) do not."""
+    from optpipe.optimizer import driver
+
+    def share(stages: int, microbatches: int) -> float:
+        return driver._extend_share(uniform_problem(stages, microbatches))
+    assert share(16, 64) == driver.EXTEND_SHARE_LARGE
+    assert share(32, 32) == driver.EXTEND_SHARE_LARGE
+    assert share(8, 64) == share(16, 32) == share(4, 64) == driver.EXTEND_SHARE
+    assert driver.EXTEND_SHARE < driver.EXTEND_SHARE_LARGE < 1

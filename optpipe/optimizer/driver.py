@@ -69,6 +69,15 @@ CUTS_SHARE = 0.25
 HINTS_PER_PIECE = 3
 #: Share of the time limit for extended schedules (:mod:`.extend`), when they are built.
 EXTEND_SHARE = 0.25
+#: ... and when their source (half the microbatches) has at least
+#: :data:`EXTEND_LARGE_SOURCE_CELLS` stage x microbatch cells. Why more there: such a
+#: source is not proven within a minute, so the time its search gets decides the
+#: extension, while the search on the full problem (twice as large) does not move from
+#: that hint (16 x 64 at S/2, one stage per device, three runs each: 334.8 s with 0.25,
+#: 323.2-323.7 s with 0.6, 312.5 s with 0.8). Smaller sources are proven or settled in
+#: seconds, and there the time left is the prefix cuts' and the search's.
+EXTEND_SHARE_LARGE = 0.75
+EXTEND_LARGE_SOURCE_CELLS = 512
 DEFAULT_LEVELS = (1.0,)
 FALLBACK = "fallback"
 CACHED = "cached"
@@ -176,7 +185,7 @@ def solve(problem: Problem, *, solver: str = "auto", offload: bool | None = None
         _add_periodic(problem, fixed, split_backward, use_offload,
                       time_limit * PERIODIC_SHARE, threads, allowed)
         _add_extended(problem, fixed, split_backward, use_offload,
-                      time_limit * EXTEND_SHARE, threads, allowed,
+                      time_limit * _extend_share(problem), threads, allowed,
                       _heartbeat(reporter, t0, fixed, use_offload, split_backward),
                       proven)
     best_fixed = _bar(fixed, use_offload, split_backward)
@@ -388,6 +397,13 @@ def _add_extended(problem: Problem, fixed: FixedSet, split_backward: bool,
                                                label="extended-linear", hints=hints,
                                                heartbeat=heartbeat, proven=proven):
         fixed.candidates.append(Candidate(schedule.name, schedule, result))
+
+
+def _extend_share(problem: Problem) -> float:
+    """The share of the time limit the extended schedules get (see
+    :data:`EXTEND_SHARE_LARGE`)."""
+    source_cells = problem.stages * (problem.microbatches // 2)
+    return EXTEND_SHARE_LARGE if source_cells >= EXTEND_LARGE_SOURCE_CELLS else EXTEND_SHARE
 
 
 def _heartbeat(reporter: ProgressFn | None, t0: float, fixed: FixedSet, use_offload: bool,

@@ -20,7 +20,9 @@ Chained, these give a bound (:meth:`PrefixCuts.makespan_bound`: 154.5 s at 8 x 3
 and as constraints in the order model (:func:`~.cpsat.build_order_model`) they let
 CP-SAT prove 8 x 32 in 23 s instead of 50-90 s (measured by hand, hinted with the
 fixed schedules). They cannot close long pipelines by themselves: each link of the
-chain starts from an empty pipeline.
+chain starts from an empty pipeline. Leading microbatches do not change that (the
+least ``F(0, e + d) - F(0, e)`` over ``e + d + 1`` microbatches is valid too, but equals
+``reach[d]``: the lead can drain before the window starts; docs/optimizer.md).
 """
 
 from __future__ import annotations
