@@ -73,9 +73,11 @@ EXTEND_SHARE = 0.25
 #: :data:`EXTEND_LARGE_SOURCE_CELLS` stage x microbatch cells. Why more there: such a
 #: source is not proven within a minute, so the time its search gets decides the
 #: extension, while the search on the full problem (twice as large) does not move from
-#: that hint (16 x 64 at S/2, one stage per device, three runs each: 334.8 s with 0.25,
-#: 323.2-323.7 s with 0.6, 312.5 s with 0.8). Smaller sources are proven or settled in
-#: seconds, and there the time left is the prefix cuts' and the search's.
+#: that hint (16 x 64 at S/2, one stage per device: 334.8 s with 0.25 in three runs,
+#: 323.2-323.7 s with 0.6 in three, 312.5 s with 0.8; with 0.75 312.5 s twice and 318.1 s
+#: in the benchmark's run). Smaller sources are found in seconds (8 x 32's optimum,
+#: though its proof takes 49-90 s), and there a larger share only takes time from the
+#: prefix cuts (8 x 64 with 0.6: the same 306.3 s, bound 296.9 s against 297.6 s).
 EXTEND_SHARE_LARGE = 0.75
 EXTEND_LARGE_SOURCE_CELLS = 512
 DEFAULT_LEVELS = (1.0,)
