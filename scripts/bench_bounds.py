@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 import time
 
@@ -128,11 +127,12 @@ def _small(cells: list[tuple[int, int]], seconds: float, threads: int) -> list[s
 
 def _write(start: str, end: str, block: str) -> None:
     """Replace what lies between ``start`` and ``end`` in docs/optimizer.md."""
-    text = DOC.read_text()
-    pattern = re.escape(start) + r".*?" + re.escape(end)
-    if not re.search(pattern, text, re.S):
+    from docblock import replace_between
+
+    text = replace_between(DOC.read_text(), start, end, block)
+    if text is None:
         raise SystemExit(f"no {start} ... {end} markers in {DOC}")
-    DOC.write_text(re.sub(pattern, lambda _: f"{start}\n{block}\n{end}", text, flags=re.S))
+    DOC.write_text(text)
 
 
 def _cuts(problem, seconds: float, threads: int) -> tuple[float, float] | None:

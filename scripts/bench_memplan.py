@@ -257,12 +257,11 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if not args.no_write:
         doc = ROOT / "docs" / "memory.md"
+        from docblock import replace_between
+
         body = doc.read_text() if doc.exists() else f"{BEGIN}\n{END}\n"
-        if BEGIN not in body or END not in body:
-            body += f"\n{BEGIN}\n{END}\n"
-        head, rest = body.split(BEGIN, 1)
-        _, tail = rest.split(END, 1)
-        doc.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}")
+        doc.write_text(replace_between(body, BEGIN, END, text) or
+                       f"{body}\n{BEGIN}\n{text}\n{END}\n")
         print(f"\nwritten to {doc}")
     return 0
 

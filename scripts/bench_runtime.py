@@ -245,14 +245,12 @@ def report(overhead: list[dict], prediction: list[dict], info: str, command: str
 
 
 def write_doc(text: str) -> None:
+    from docblock import replace_between
+
     doc = DOC.read_text() if DOC.exists() else ""
-    block = f"{BEGIN}\n{text}{END}"
-    if BEGIN in doc and END in doc:
-        head, rest = doc.split(BEGIN, 1)
-        doc = head + block + rest.split(END, 1)[1]
-    else:
-        doc = doc.rstrip() + "\n\n## Measured figures\n\n" + block + "\n"
-    DOC.write_text(doc)
+    inner = text.rstrip("\n")
+    DOC.write_text(replace_between(doc, BEGIN, END, inner) or
+                   f"{doc.rstrip()}\n\n## Measured figures\n\n{BEGIN}\n{inner}\n{END}\n")
 
 
 def main() -> int:

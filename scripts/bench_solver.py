@@ -199,16 +199,14 @@ def load_data() -> list[dict[str, Any]]:
 
 
 def save(rows: list[dict[str, Any]], meta: str) -> None:
+    from docblock import replace_between
+
     text = DOC.read_text() if DOC.exists() else "# The optimizer\n"
-    table = f"{TABLE_START}\n{meta}\n\n{render(rows)}\n{TABLE_END}"
     body = ",\n".join(json.dumps(r, separators=(",", ":")) for r in rows)
-    data = f"{DATA_START}\n[\n{body}\n]\n{DATA_END}"
-    for start, end, block in ((TABLE_START, TABLE_END, table), (DATA_START, DATA_END, data)):
-        pattern = re.escape(start) + r".*?" + re.escape(end)
-        if re.search(pattern, text, re.S):
-            text = re.sub(pattern, lambda _: block, text, flags=re.S)
-        else:
-            text = text.rstrip() + "\n\n" + block + "\n"
+    for start, end, inner in ((TABLE_START, TABLE_END, f"{meta}\n\n{render(rows)}"),
+                              (DATA_START, DATA_END, f"[\n{body}\n]")):
+        text = replace_between(text, start, end, inner) or \
+            f"{text.rstrip()}\n\n{start}\n{inner}\n{end}\n"
     DOC.write_text(text)
 
 

@@ -533,7 +533,6 @@ def _forward_room(forwards: Sequence[tuple[float, float]], room: float, count: i
     valid)."""
     if not forwards or room < 0:
         return 0.0
-    (f, a), rest = forwards[0], forwards[1:]
     if len(forwards) > 3:
         total, left = 0.0, room
         for f, a in sorted(forwards, key=lambda x: -x[0] / x[1] if x[1] > 0 else -math.inf):
@@ -541,6 +540,7 @@ def _forward_room(forwards: Sequence[tuple[float, float]], room: float, count: i
             total += n * f
             left -= n * a
         return total
+    (f, a), rest = forwards[0], forwards[1:]
     most = count if a <= 0 else min(count, int(room // a))
     if not rest:
         return most * f

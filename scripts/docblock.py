@@ -1,0 +1,18 @@
+"""The benchmark scripts' one way of writing their tables into the docs.
+
+Each measured table lives in a doc between two marker comments, and a script rewrites
+only what lies between them, so the prose around a table is never touched by a re-run.
+"""
+
+from __future__ import annotations
+
+
+def replace_between(text: str, start: str, end: str, inner: str) -> str | None:
+    """``text`` with what lies between the first ``start`` and the next ``end``
+    replaced by ``inner`` (each marker on its own line around it), or None when the
+    markers are not both there (the caller decides: append a block, or stop)."""
+    i = text.find(start)
+    j = text.find(end, i + len(start)) if i >= 0 else -1
+    if j < 0:
+        return None
+    return f"{text[:i]}{start}\n{inner}\n{end}{text[j + len(end):]}"
