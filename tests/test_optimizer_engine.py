@@ -134,3 +134,30 @@ def test_split_beats_or_ties_fused() -> None:
     assert split.objective <= fused.objective + 1e-9
     assert split.status == OPTIMAL and split.objective == pytest.approx(
         lower_bound(task_graph(problem)))
+
+
+def test_window_search_starts_from_the_hint_when_the_full_model_reports_nothing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full model too large to report even its hint within its share (the V shape at
+    16 x 64, S/2, takes longer than the share to load) used to end the run with the
+    hint; the window search must take the time left from there."""
+    from optpipe.optimizer import cpsat
+    from optpipe.schedule import searched_placements
+
+    # 0.1 s for the full model: at 16 x 32 on the V shape CP-SAT's presolve alone takes
+    # seconds, so it reports nothing
+    monkeypatch.setattr(cpsat, "FULL_SHARE", 1e-4)
+    problem = uniform_problem(16, 32, forward=1.0, backward_input=1.0,
+                              backward_weight=1.0, p2p=0.05, activation=1000,
+                              freed_by_b=500, name="v-16x32").activation_budget(8)
+    starts = hints(problem)
+    result = solve_cpsat(problem, warm_start=starts, time_limit=8, threads=2,
+                         placement=searched_placements(16)["v"], decompose=True)
+    assert result.extra.get("full_model"), "the full model reported a schedule in 0.1 s"
+    assert result.extra["window_steps"] >= 1
+    assert result.status in (OPTIMAL, FEASIBLE)
+    sim = simulate(problem, result.schedule)
+    assert sim.fits
+    assert sim.makespan == pytest.approx(result.objective, rel=1e-6)
+    assert result.objective <= result.extra["hint_makespan"] * (1 + 1e-9)
+    assert result.bound <= result.objective * (1 + 1e-9)

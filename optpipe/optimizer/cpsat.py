@@ -283,7 +283,9 @@ def build_order_model(problem: Problem, ticks: Ticks, horizon: int, lower: int,
         rows += _order_memory(b, g, d, start, hint, set(implied),
                               cross=problem.microbatches <= CROSS_STAGE_MAX_MICROBATCHES)
     if g.placement:
-        _chunked_memory(b, g, start, hint, horizon)   # redundant, helps propagation
+        # the device's exact memory: its rows see each stage alone beyond
+        # CROSS_STAGE_MAX_MICROBATCHES (below, redundant: it helps propagation)
+        _chunked_memory(b, g, start, hint, horizon)
     if cuts is not None:
         _prefix_cuts(b, g, start, makespan, cuts, ticks.scale)
     b.model.minimize(makespan)
@@ -727,11 +729,25 @@ class NoHint(Exception):
 
 def new_solver(seconds: float, threads: int) -> cp_model.CpSolver:
     """A CP-SAT solver as every model here runs it: ``seconds``, ``threads`` workers,
-    presolve probing off (how the order model was proven in the prototypes)."""
+    presolve probing off (how the order model was proven in the prototypes), and no
+    transitive closure of the precedences when the model is loaded.
+
+    Why the last: our models are thousands of precedences (dependencies, FIFO chains,
+    the orders memory implies, enforced order literals), and CP-SAT's closure of them
+    runs inside its full-problem worker's first step, which no time limit interrupts:
+    8-15 s past a 4-10 s limit on the V shape at 8 x 64 (budget S) and on the window
+    search's models at 16 x 32 (S/2), after which those runs ended at their limits.
+    It does not pay for itself either: proofs came faster without it (by hand, CP-SAT
+    alone hinted with the fixed schedules, one run each: one stage per device at S/2
+    4 x 32 in 5.3 s instead of 30.1 s, 16 x 16 in 0.7 s instead of 10.4 s; the V shape
+    at S/2 4 x 8 in 2.3 s instead of 11.7 s, 4 x 12 in 21.8 s where 60 s did not prove
+    it).
+    """
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = seconds
     solver.parameters.num_workers = max(1, threads)
     solver.parameters.cp_model_probing_level = 0
+    solver.parameters.transitive_precedences_work_limit = 0
     return solver
 
 
@@ -811,8 +827,11 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
         extra["offload_levels"] = list(levels)
     status = {cp_model.OPTIMAL: OPTIMAL, cp_model.FEASIBLE: FEASIBLE,
               cp_model.INFEASIBLE: INFEASIBLE, cp_model.MODEL_INVALID: ERROR}.get(code, UNKNOWN)
-    if status == UNKNOWN:
-        # stopped before CP-SAT even reported the hint: the hint is still a valid answer
+    # stopped before CP-SAT even reported the hint: the hint is still a valid answer,
+    # and with time left the window search below starts from it
+    from_hint = status == UNKNOWN and decompose and not offload and \
+        deadline - time.monotonic() > 1
+    if status == UNKNOWN and not from_hint:
         return EngineResult(schedule=hint.schedule, status=FEASIBLE,
                             objective=hint.makespan / ticks.scale,
                             bound=lower / ticks.scale,
@@ -820,7 +839,7 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
                             wall_time=wall, engine=ENGINE,
                             message="time limit reached before CP-SAT reported a "
                                     "schedule; returning its hint", extra=extra)
-    if status not in (OPTIMAL, FEASIBLE):
+    if status not in (OPTIMAL, FEASIBLE) and not from_hint:
         message = ("CP-SAT proved the model infeasible, though a hint exists: a bug"
                    if status == INFEASIBLE else
                    f"CP-SAT stopped with status {solver.status_name(code)} and no schedule")
@@ -829,18 +848,27 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
                             if status == UNKNOWN else None,
                             gap=None, wall_time=wall, engine=ENGINE, message=message,
                             extra=extra)
-    schedule = _extract(problem, solver, handles, offload)
-    timed = make_hint(schedule, ticks)
-    raw = solver.objective_value
+    if from_hint:
+        # the full model did not even load within its share (V shape, 16 x 64 at S/2:
+        # 131k variables); its windows are smaller problems, so search them from the hint
+        status, timed, raw = FEASIBLE, hint, hint.makespan
+        schedule = hint.schedule
+        best_bound = float(lower)
+        extra["full_model"] = "no schedule within its share; windows from the hint"
+    else:
+        schedule = _extract(problem, solver, handles, offload)
+        timed = make_hint(schedule, ticks)
+        raw = solver.objective_value
+        best_bound = solver.best_objective_bound
     if decompose and status != OPTIMAL and not offload and \
-            timed.makespan > solver.best_objective_bound and deadline - time.monotonic() > 1:
+            timed.makespan > best_bound and deadline - time.monotonic() > 1:
         from optpipe.optimizer.decompose import window_search
         before = timed.makespan
         timed, stats = window_search(problem, ticks, timed,
-                                     lower=int(math.ceil(solver.best_objective_bound - 1e-9)),
+                                     lower=int(math.ceil(best_bound - 1e-9)),
                                      deadline=deadline, threads=threads, window=WINDOW,
                                      progress=progress, t0=t0,
-                                     bound=solver.best_objective_bound / ticks.scale)
+                                     bound=best_bound / ticks.scale)
         schedule = timed.schedule
         extra.update(window_steps=stats.steps, window_improvements=stats.improvements,
                      window_final=stats.window,
@@ -853,7 +881,7 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
     extra["solver_objective"] = raw / ticks.scale
     if offload and timed.makespan != int(round(raw)):
         extra["asap_mismatch_ticks"] = int(round(raw)) - timed.makespan
-    bound_ticks = min(solver.best_objective_bound, objective_ticks)
+    bound_ticks = min(best_bound, objective_ticks)
     wall = time.monotonic() - t0          # the window search's time included
     objective = objective_ticks / ticks.scale
     bound = bound_ticks / ticks.scale

@@ -55,7 +55,7 @@ FIRST_SPACE_SHARE = 0.7
 LINEAR_PROOF_SHARE = 0.4
 #: Expected first-run overrun of CP-SAT per stage x microbatch x chunk on a chunked
 #: placement (seconds; see :func:`_expected_overrun`).
-OVERRUN_PER_CHUNK_CELL = 0.008
+OVERRUN_PER_CHUNK_CELL = 0.001
 #: Share of the time limit for periodic blocks (:mod:`.periodic`), over all placements.
 PERIODIC_SHARE = 0.08
 #: ... and at most this many seconds per placement.
@@ -796,12 +796,13 @@ def _build_seconds(problem: Problem) -> float:
 def _expected_overrun(problem: Problem, placement: list[int], engine: str) -> float:
     """Seconds a first CP-SAT run on a chunked placement may run past its limit.
 
-    Measured on 2 cores: the window models of the V shape and interleaved placements
-    (chained orders plus a cumulative) spend up to ~11 s in CP-SAT's initial
-    propagation at 16 x 32 (a V run went 6.5 s past a 9 s limit), which neither the
-    time limit nor ``stop_search`` interrupts; one stage per device and small problems
-    stay within a second. Later runs use the larger of this and the overrun measured
-    (a run that stopped early measures nothing).
+    Measured on 2 cores, runs of 10 s: up to 1.1 s past the limit at 16 x 64 (the V
+    shape, whose model takes ~4 s to build and whose window steps are planned with
+    that), 0.0-0.7 s elsewhere. Before CP-SAT's transitive closure of precedences was
+    switched off (:func:`~.cpsat.new_solver`) runs went 8-15 s past their limits, and
+    this estimate was 8 times larger; it cost the user's time (a 20 s solve of
+    llama2-70b on 16 stages ended after 11 s). Later runs use the larger of this and the
+    overrun measured (a run that stopped early measures nothing).
     """
     chunks = len(placement) // problem.devices
     if engine != "cpsat" or chunks == 1:
