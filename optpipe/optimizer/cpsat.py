@@ -60,6 +60,10 @@ FULL_SHARE = 0.4
 WINDOW = 8
 #: Rows over all stages of a device (not each stage alone) up to this many microbatches.
 CROSS_STAGE_MAX_MICROBATCHES = 16
+#: CP-SAT's work limit for its transitive closure of precedences (its default: 1e6); 0
+#: switches the closure off (why: :func:`new_solver`; `scripts/bench_cpsat_params.py`
+#: measures both).
+TRANSITIVE_PRECEDENCES_WORK_LIMIT = 0
 DEFAULT_LEVELS: tuple[float, ...] = (1.0,)
 
 
@@ -735,19 +739,17 @@ def new_solver(seconds: float, threads: int) -> cp_model.CpSolver:
     Why the last: our models are thousands of precedences (dependencies, FIFO chains,
     the orders memory implies, enforced order literals), and CP-SAT's closure of them
     runs inside its full-problem worker's first step, which no time limit interrupts:
-    8-15 s past a 4-10 s limit on the V shape at 8 x 64 (budget S) and on the window
-    search's models at 16 x 32 (S/2), after which those runs ended at their limits.
-    It does not pay for itself either: proofs came faster without it (by hand, CP-SAT
-    alone hinted with the fixed schedules, one run each: one stage per device at S/2
-    4 x 32 in 5.3 s instead of 30.1 s, 16 x 16 in 0.7 s instead of 10.4 s; the V shape
-    at S/2 4 x 8 in 2.3 s instead of 11.7 s, 4 x 12 in 21.8 s where 60 s did not prove
-    it).
+    `scripts/bench_cpsat_params.py` measured the V shape's model at 8 x 64 (budget S)
+    5 s past a 10 s limit and a window-search step at 16 x 32 (S/2) 11 s past a 4 s
+    limit with it, on time without it. It does not pay for itself either: every proof
+    in that script came faster without it (one stage per device at S/2, 4 x 32: 6.3 s,
+    not proven in 60 s with it).
     """
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = seconds
     solver.parameters.num_workers = max(1, threads)
     solver.parameters.cp_model_probing_level = 0
-    solver.parameters.transitive_precedences_work_limit = 0
+    solver.parameters.transitive_precedences_work_limit = TRANSITIVE_PRECEDENCES_WORK_LIMIT
     return solver
 
 
@@ -827,11 +829,10 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
         extra["offload_levels"] = list(levels)
     status = {cp_model.OPTIMAL: OPTIMAL, cp_model.FEASIBLE: FEASIBLE,
               cp_model.INFEASIBLE: INFEASIBLE, cp_model.MODEL_INVALID: ERROR}.get(code, UNKNOWN)
-    # stopped before CP-SAT even reported the hint: the hint is still a valid answer,
+    # CP-SAT stopped before it reported even the hint: the hint is still a valid answer,
     # and with time left the window search below starts from it
-    from_hint = status == UNKNOWN and decompose and not offload and \
-        deadline - time.monotonic() > 1
-    if status == UNKNOWN and not from_hint:
+    from_hint = status == UNKNOWN
+    if from_hint and not (decompose and not offload and deadline - time.monotonic() > 1):
         return EngineResult(schedule=hint.schedule, status=FEASIBLE,
                             objective=hint.makespan / ticks.scale,
                             bound=lower / ticks.scale,
@@ -839,13 +840,11 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
                             wall_time=wall, engine=ENGINE,
                             message="time limit reached before CP-SAT reported a "
                                     "schedule; returning its hint", extra=extra)
-    if status not in (OPTIMAL, FEASIBLE) and not from_hint:
+    if status not in (OPTIMAL, FEASIBLE, UNKNOWN):
         message = ("CP-SAT proved the model infeasible, though a hint exists: a bug"
                    if status == INFEASIBLE else
                    f"CP-SAT stopped with status {solver.status_name(code)} and no schedule")
-        return EngineResult(schedule=None, status=status, objective=None,
-                            bound=solver.best_objective_bound / ticks.scale
-                            if status == UNKNOWN else None,
+        return EngineResult(schedule=None, status=status, objective=None, bound=None,
                             gap=None, wall_time=wall, engine=ENGINE, message=message,
                             extra=extra)
     if from_hint:

@@ -796,12 +796,13 @@ def _build_seconds(problem: Problem) -> float:
 def _expected_overrun(problem: Problem, placement: list[int], engine: str) -> float:
     """Seconds a first CP-SAT run on a chunked placement may run past its limit.
 
-    Measured on 2 cores, runs of 10 s: up to 1.1 s past the limit at 16 x 64 (the V
-    shape, whose model takes ~4 s to build and whose window steps are planned with
-    that), 0.0-0.7 s elsewhere. Before CP-SAT's transitive closure of precedences was
-    switched off (:func:`~.cpsat.new_solver`) runs went 8-15 s past their limits, and
-    this estimate was 8 times larger; it cost the user's time (a 20 s solve of
-    llama2-70b on 16 stages ended after 11 s). Later runs use the larger of this and the
+    Measured by hand on 2 cores, runs of 10 s: up to 1.1 s past the limit at 16 x 64
+    (the V shape, whose model takes ~4 s to build and whose window steps are planned
+    with that), 0.0-0.7 s elsewhere. With CP-SAT's transitive closure of precedences
+    (off since :func:`~.cpsat.new_solver`) runs went 5-15 s past their limits
+    (`scripts/bench_cpsat_params.py`) and this estimate was 8 times larger, which cost
+    the user's time: a 20 s solve of llama2-70b on 16 stages ended after 12 s (by hand;
+    19 s now, the same script). Later runs use the larger of this and the
     overrun measured (a run that stopped early measures nothing).
     """
     chunks = len(placement) // problem.devices
