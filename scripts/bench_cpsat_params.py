@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench_solver import bench_problem  # noqa: E402
-from docblock import replace_between  # noqa: E402
+from docblock import write_between  # noqa: E402
 
 from optpipe.optimizer import cpsat  # noqa: E402
 
@@ -134,12 +134,7 @@ def main() -> int:
             "threads, one run each (F = B = W = 1 s, p2p 0.05 s).\n\n" + "\n".join(rows))
     print(text)
     if not args.no_write:
-        doc = DOC.read_text()
-        new = replace_between(doc, START, END, text)
-        if new is None:
-            raise SystemExit(f"no {START} ... {END} markers in {DOC}")
-        DOC.write_text(new)
-        print(f"\nwritten to {DOC}")
+        write_between(DOC, START, END, text)
     return 0
 
 

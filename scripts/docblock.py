@@ -6,6 +6,8 @@ only what lies between them, so the prose around a table is never touched by a r
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 def replace_between(text: str, start: str, end: str, inner: str) -> str | None:
     """``text`` with what lies between the first ``start`` and the next ``end``
@@ -16,3 +18,14 @@ def replace_between(text: str, start: str, end: str, inner: str) -> str | None:
     if j < 0:
         return None
     return f"{text[:i]}{start}\n{inner}\n{end}{text[j + len(end):]}"
+
+
+def write_between(path: Path, start: str, end: str, inner: str) -> None:
+    """Rewrite the block between ``start`` and ``end`` in the file at ``path``; stop
+    with a message naming the markers when they are not there."""
+    text = path.read_text()
+    new = replace_between(text, start, end, inner)
+    if new is None:
+        raise SystemExit(f"no {start} ... {end} markers in {path}")
+    path.write_text(new)
+    print(f"\nwritten to {path}")

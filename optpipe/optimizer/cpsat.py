@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Collection, Sequence
 
 from ortools.sat.python import cp_model
 
@@ -58,6 +58,9 @@ ENGINE = "cpsat"
 DECOMPOSE_MIN_CELLS = 128
 FULL_SHARE = 0.4
 WINDOW = 8
+#: The full model's share before the time windows (chunked placements, memory not
+#: binding the round trip).
+TIME_FULL_SHARE = 0.1
 #: Rows over all stages of a device (not each stage alone) up to this many microbatches.
 CROSS_STAGE_MAX_MICROBATCHES = 16
 #: CP-SAT's work limit for its transitive closure of precedences (its default: 1e6); 0
@@ -262,15 +265,21 @@ def _base_vars(b: _Builder, g: TaskGraph, horizon: int, lower: int,
 def build_order_model(problem: Problem, ticks: Ticks, horizon: int, lower: int,
                       hint: Hint | None,
                       fixed_order: Sequence[Sequence[Key]] | None = None,
-                      cuts: "PrefixCuts | None" = None) -> tuple[_Builder, _Vars]:
+                      cuts: "PrefixCuts | None" = None,
+                      free: Collection[Key] | None = None) -> tuple[_Builder, _Vars]:
     """The no-offload model: memory decided by the order of compute on each device.
 
     ``fixed_order`` (per device, tasks in order) pins the relative order of those tasks;
-    the decomposition (:mod:`.decompose`) uses it to re-optimize a window of
-    microbatches among the rest. ``cuts`` (:mod:`.prefix`) add what smaller problems
-    proved: least distances between the first stage's forwards, and the least time
-    from one of them to the end.
+    the decomposition (:mod:`.decompose`) uses it to re-optimize a window of tasks
+    among the rest. ``free`` (with ``fixed_order`` and ``hint``: the tasks not pinned)
+    lets the memory rows take the order of two pinned tasks from the hint as a constant
+    instead of a boolean: the window's model then grows with the window, not with the
+    problem (at 8 x 64 on the V shape CP-SAT's presolve alone took 5.8 s of a 6 s
+    step). ``cuts`` (:mod:`.prefix`) add what smaller problems proved: least distances
+    between the first stage's forwards, and the least time from one of them to the end.
     """
+    if free is not None and (fixed_order is None or hint is None):
+        raise ValueError("free tasks need the pinned orders and the hint they come from")
     b = _Builder()
     g = ticks.graph
     dur = g.duration
@@ -285,7 +294,8 @@ def build_order_model(problem: Problem, ticks: Ticks, horizon: int, lower: int,
         b.model.add(start[f] >= start[k] + int(dur[k]))
     for d in range(g.devices):
         rows += _order_memory(b, g, d, start, hint, set(implied),
-                              cross=problem.microbatches <= CROSS_STAGE_MAX_MICROBATCHES)
+                              cross=problem.microbatches <= CROSS_STAGE_MAX_MICROBATCHES,
+                              free=None if free is None else set(free))
     if g.placement:
         # the device's exact memory: its rows see each stage alone beyond
         # CROSS_STAGE_MAX_MICROBATCHES (below, redundant: it helps propagation)
@@ -317,8 +327,21 @@ def _prefix_cuts(b: _Builder, g: TaskGraph, start: dict[Key, Any], makespan: Any
             b.model.add(makespan >= start[(Op.F, 0, M - n)] + ticks(whole))
 
 
+def _imply(b: _Builder, a: Any, c: Any) -> None:
+    """``a => c`` where either side may be a constant (a pinned order, as a bool)."""
+    if a is False or c is True:
+        return
+    if a is True:
+        b.model.add_bool_or([c] if c is not False else [])
+    elif c is False:
+        b.model.add_bool_or([~a])
+    else:
+        b.model.add_implication(a, c)
+
+
 def _order_memory(b: _Builder, g: TaskGraph, d: int, start: dict[Key, Any],
-                  hint: Hint | None, implied: set[tuple[Key, Key]], cross: bool = True) -> int:
+                  hint: Hint | None, implied: set[tuple[Key, Key]], cross: bool = True,
+                  free: set[Key] | None = None) -> int:
     """Memory rows of device ``d`` at every forward's start, from order booleans.
 
     For the row of ``F(s, i)``: ``x[(op, s', j)]`` says task ``(op, s', j)`` on the same
@@ -328,7 +351,8 @@ def _order_memory(b: _Builder, g: TaskGraph, d: int, start: dict[Key, Any],
     forwards started minus what finished B/W released <= room. With ``cross`` False, a
     device with several stages gets rows for each stage alone (valid: other stages only
     add memory; the cumulative keeps it exact) — full rows grow as (stages x M)^2.
-    Returns the row count.
+    With ``free`` (a window step), the order of two tasks outside it is the hint's, a
+    constant: their precedence is already pinned. Returns the row count.
     """
     p = g.problem
     dur = g.duration
@@ -366,31 +390,41 @@ def _order_memory(b: _Builder, g: TaskGraph, d: int, start: dict[Key, Any],
                     if amt:
                         families.append((op, o, i if o == s else M, -(amt // unit)))
             terms = []
+            constant = (i + 1) * act[s]
+            f_pinned = free is not None and f not in free
             for op, o, count, coef in families:
                 for j in range(count):
                     k = (op, o, j)
                     value = None
                     if hint:
                         value = hint.times[k][1] <= hint.times[f][0]
+                    if f_pinned and k not in free:
+                        x[k] = bool(value)
+                        constant += coef * int(bool(value))
+                        continue
                     lit = b.bool_var(f"{op.value}{o}_{j}<F{s}_{i}", value)
                     x[k] = lit
                     if (k, f) in implied:
                         b.model.add(lit == 1)
                     b.model.add(start[f] >= start[k] + int(dur[k])).only_enforce_if(lit)
                     b.model.add(start[k] >= start[f] + int(dur[f])).only_enforce_if(~lit)
-                    if j > 0:
-                        b.model.add_implication(lit, x[(op, o, j - 1)])
-                    if k in prev:
-                        b.model.add_implication(prev[k], lit)
                     terms.append(coef * lit)
+            for op, o, count, _ in families:     # the staircases
+                for j in range(count):
+                    k = (op, o, j)
+                    if j > 0:
+                        _imply(b, x[k], x[(op, o, j - 1)])
+                    if k in prev:
+                        _imply(b, prev[k], x[k])
             for o in stages:          # W_j done => B_j done; B_j done => F_j started
                 for j in range(i if o == s else M):
                     if (Op.W, o, j) in x and (Op.B, o, j) in x:
-                        b.model.add_implication(x[(Op.W, o, j)], x[(Op.B, o, j)])
+                        _imply(b, x[(Op.W, o, j)], x[(Op.B, o, j)])
                     for op in (Op.B, Op.BW):
                         if o != s and (op, o, j) in x:
-                            b.model.add_implication(x[(op, o, j)], x[(Op.F, o, j)])
-            b.model.add((i + 1) * act[s] + sum(terms) <= room)
+                            _imply(b, x[(op, o, j)], x[(Op.F, o, j)])
+            if terms:
+                b.model.add(constant + sum(terms) <= room)
             prev = x
             rows += 1
     return rows
@@ -768,11 +802,16 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
     model (transfers allowed at the fractions in ``levels``). ``fix_hint`` solves with
     every variable fixed to its hinted value: a check that hints are complete and valid.
     ``cuts`` (no offload): bounds proven on fewer microbatches of the same placement
-    (:func:`~.prefix.prefix_cuts`), added to the model and to its lower bound. The
-    caller must already have checked that the budget is feasible
+    (:func:`~.prefix.prefix_cuts`), added to the model and to its lower bound.
+    ``decompose`` (no offload, from ``DECOMPOSE_MIN_CELLS`` cells): None lets the run
+    continue from the full model's share with windows (:mod:`.decompose`): time
+    windows on chunked placements, microbatch windows on one stage per device where
+    memory binds the round trip; True forces microbatch windows, False the full model
+    alone. The caller must already have checked that the budget is feasible
     (:func:`~.preprocess.min_budgets`).
     """
     t0 = time.monotonic()
+    decompose_auto = decompose is None
     if placement is not None and list(placement) == list(range(problem.devices)):
         placement = None
     if offload and placement is not None:
@@ -799,15 +838,17 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
                                              cuts=cuts)
     builder.add_hints()
     deadline = t0 + time_limit
+    large = problem.stages * problem.microbatches >= DECOMPOSE_MIN_CELLS
+    # the chunked placements are packed by time windows (:func:`~.decompose.
+    # time_window_search`) once the full model has had its share
+    by_time = decompose_auto and not offload and large and placement is not None
     if decompose is None:
-        # the window search finds the steady states of memory-bound pipelines; where
-        # memory does not bind (budget S and above) the full model alone did as well or
-        # better (V at S, 36 s: 16 x 32 112.95 against 113.05 s, 8 x 32 104.5 against
-        # 104.6, 16 x 64 equal) and can prove: interleaved 16 x 16 at 2S in 12 s, which
-        # the window search, after its 40% of a 14 s run, could not
-        decompose = (memory_binds and problem.microbatches >= 2 * WINDOW
-                     and problem.stages * problem.microbatches >= DECOMPOSE_MIN_CELLS)
-    full_share = FULL_SHARE if decompose else 1.0
+        # one stage per device: microbatch windows where memory binds the round trip
+        # (the optimal steady state is a pattern over microbatches); elsewhere the full
+        # model keeps the whole time, and proves it (S and 2S at every benchmark size)
+        decompose = (not by_time and memory_binds and problem.microbatches >= 2 * WINDOW
+                     and large)
+    full_share = FULL_SHARE if decompose else TIME_FULL_SHARE if by_time else 1.0
     solver = new_solver(max(0.1, (deadline - time.monotonic()) * full_share), threads)
     params = solver.parameters
     params.relative_gap_limit = max(0.0, gap)
@@ -832,7 +873,8 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
     # CP-SAT stopped before it reported even the hint: the hint is still a valid answer,
     # and with time left the window search below starts from it
     from_hint = status == UNKNOWN
-    if from_hint and not (decompose and not offload and deadline - time.monotonic() > 1):
+    if from_hint and not ((decompose or by_time) and not offload
+                          and deadline - time.monotonic() > 1):
         return EngineResult(schedule=hint.schedule, status=FEASIBLE,
                             objective=hint.makespan / ticks.scale,
                             bound=lower / ticks.scale,
@@ -871,6 +913,36 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
         schedule = timed.schedule
         extra.update(window_steps=stats.steps, window_improvements=stats.improvements,
                      window_final=stats.window,
+                     window_gain=(before - timed.makespan) / ticks.scale)
+        raw = min(raw, timed.makespan)
+    elif by_time and status != OPTIMAL and timed.makespan > best_bound and \
+            deadline - time.monotonic() > 1:
+        from optpipe.optimizer.decompose import time_window_search
+        before = timed.makespan
+        timed, stats = time_window_search(problem, ticks, timed,
+                                          lower=int(math.ceil(best_bound - 1e-9)),
+                                          deadline=deadline, threads=threads,
+                                          progress=progress, t0=t0,
+                                          bound=best_bound / ticks.scale)
+        schedule = timed.schedule
+        if timed.makespan > best_bound and deadline - time.monotonic() > 1:
+            # the windows ran out of ideas before the time did: the full model again,
+            # hinted with (and its horizon at) their answer, for a proof
+            builder, handles = build_order_model(problem, ticks, timed.makespan, lower,
+                                                 timed, cuts=cuts)
+            builder.add_hints()
+            closing = new_solver(max(0.1, deadline - time.monotonic()), threads)
+            code = closing.solve(builder.model)
+            extra["closing_run"] = closing.status_name(code)
+            if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+                best_bound = max(best_bound, closing.best_objective_bound)
+                found = make_hint(_extract(problem, closing, handles, False), ticks)
+                if found.makespan < timed.makespan:
+                    timed, schedule = found, found.schedule
+                if code == cp_model.OPTIMAL:
+                    status = OPTIMAL
+        extra.update(time_window_steps=stats.steps, time_window_improvements=stats.improvements,
+                     time_window_ticks=stats.window,
                      window_gain=(before - timed.makespan) / ticks.scale)
         raw = min(raw, timed.makespan)
     # The extracted orders, re-timed ASAP, are a solution of the same model (memory in

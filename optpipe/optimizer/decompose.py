@@ -1,19 +1,31 @@
-"""Decomposition for problems the full model cannot close: a microbatch-window search.
+"""Decomposition for problems the full model cannot close: searches over windows.
 
-Why: with a tight budget, a large pipeline (8 x 32 and up) has an optimal steady state
-that CP-SAT's generic neighbourhoods rarely find, while the same model over a handful
-of microbatches solves in seconds. So, starting from the best schedule so far, we free
-the tasks of a window of consecutive microbatches (on every stage), keep the relative
-order of all other tasks, and let CP-SAT re-place the window; windows sweep the
-pipeline from warm-up to cool-down and back. Every accepted step is a complete
-schedule of the full model (re-timed ASAP like the simulator), so the result is valid
-whenever the search stops; the full model's lower bound stays the proven bound.
+Why: a large pipeline's full model is more than CP-SAT's own neighbourhoods can improve
+in a minute on 2 cores (about 30 of them in 20 s), while the same model with most task
+orders pinned solves in seconds. So, starting from the best schedule so far, we free a
+window of tasks, keep the relative order of all other tasks on their devices, and let
+CP-SAT re-place the window. Two kinds of window:
+
+* :func:`window_search`, consecutive *microbatches* on every stage, sweeping from
+  warm-up to cool-down: with a tight budget the optimal steady state is a pattern over
+  microbatches (built for budget S/2);
+* :func:`time_window_search`, every task that *starts* within a stretch of time, on
+  every device, at random: where memory does not bind the round trip (budget S and
+  above, the V shape and interleaved chunks), what is left is packing every device's
+  warm-up and cool-down tightly, which is local in time and spans all microbatches in
+  flight.
+
+Every accepted step is a complete schedule of the full model (re-timed ASAP like the
+simulator), so the result is valid whenever the search stops; the full model's lower
+bound stays the proven bound.
 """
 
 from __future__ import annotations
 
+import random
 import time
 from dataclasses import dataclass
+from typing import Any, Collection
 
 from ortools.sat.python import cp_model
 
@@ -21,11 +33,89 @@ from optpipe.optimizer.result import ProgressFn
 from optpipe.problem import Problem
 
 
+#: A time window's width, in tasks per device: this many times the mean task's
+#: duration (how it was chosen: docs/optimizer.md, "Decomposition";
+#: `scripts/bench_windows.py --widths` measures others).
+TIME_WINDOW_TASKS = 32
+#: CP-SAT's limit per time-window step (s); with 32 tasks, 6 s beat 4 s (by hand, V at
+#: budget S, 60 s: 8 x 16 52.6 against 52.75 s, 8 x 32 100.6 against 100.8 s).
+TIME_STEP_LIMIT = 6.0
+#: Steps in a row without a shorter schedule after which the time-window search stops
+#: and leaves the rest of the time to the full model's proof: where the answer was
+#: optimal all along, only the full model can show it.
+TIME_PATIENCE = 12
+
+
 @dataclass
 class WindowStats:
     steps: int = 0
     improvements: int = 0
     window: int = 0
+
+
+class _Stepper:
+    """Runs one window step: the full model with the other tasks' orders pinned.
+
+    It learns how long a model takes to build and how far past its limit a step runs
+    (what CP-SAT does before its first check of the clock is not interruptible: it ran
+    11-15 s past 4 s steps at 16 x 32 until the closure of precedences was switched
+    off, :func:`~.cpsat.new_solver`), so that no step is begun that cannot end by the
+    deadline.
+    """
+
+    def __init__(self, problem: Problem, ticks: Any, lower: int, deadline: float,
+                 threads: int, step_limit: float) -> None:
+        self.problem, self.ticks, self.lower = problem, ticks, lower
+        self.deadline, self.threads, self.step_limit = deadline, threads, step_limit
+        self.build_time = 0.0
+        self.overrun = 0.0
+
+    def room(self) -> bool:
+        """Is there time to build and run one more step?"""
+        return self.deadline - time.monotonic() >= self.build_time + self.overrun + 0.5
+
+    def run(self, best: Any, free: Collection[Any], stats: WindowStats,
+            frozen_before: int | None = None) -> Any | None:
+        """The schedule re-placed with the tasks in ``free`` (keys) unpinned, as a
+        :class:`~.cpsat.Hint`; None when the step found nothing or had no time.
+
+        ``frozen_before`` (ticks): pinned tasks that end by then keep their times. Why:
+        they start before every free task, so their ASAP times cannot fall (a free task
+        put before one can only delay it), and fixing them spares CP-SAT's presolve
+        the propagation along their chains (at 8 x 64 on the V shape, 3.1 s -> 1.0 s).
+        """
+        from optpipe.optimizer.cpsat import _extract, build_order_model, make_hint, new_solver
+
+        fixed = [[k for k in seq if k not in free] for seq in best.order]
+        t_build = time.monotonic()
+        builder, handles = build_order_model(self.problem, self.ticks, best.makespan,
+                                             self.lower, best, fixed_order=fixed, free=free)
+        if frozen_before is not None:
+            for k, var in handles.start.items():
+                if k not in free and best.times[k][1] <= frozen_before:
+                    builder.model.add(var == best.times[k][0])
+        builder.add_hints()
+        self.build_time = max(self.build_time, time.monotonic() - t_build)
+        left = self.deadline - time.monotonic() - self.overrun
+        if left < 0.3:
+            return None
+        limit = max(0.1, min(self.step_limit, left - 0.2))
+        solver = new_solver(limit, self.threads)
+        t_solve = time.monotonic()
+        code = solver.solve(builder.model)
+        self.overrun = max(self.overrun, time.monotonic() - t_solve - limit)
+        stats.steps += 1
+        if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            return None
+        return make_hint(_extract(self.problem, solver, handles, offload=False), self.ticks)
+
+
+def _report(progress: ProgressFn | None, t0: float, best: Any, ticks: Any,
+            bound: float | None) -> None:
+    if progress is not None:
+        value = best.makespan / ticks.scale
+        progress(time.monotonic() - t0, value, bound,
+                 None if bound is None else max(0.0, 1 - bound / value))
 
 
 def window_search(problem: Problem, ticks, hint, *, lower: int, deadline: float,
@@ -37,60 +127,29 @@ def window_search(problem: Problem, ticks, hint, *, lower: int, deadline: float,
     Stops early when the incumbent reaches ``lower`` (ticks) or a full sweep finds
     nothing; on a fruitless sweep the window grows by half (larger neighbourhoods).
     """
-    from optpipe.optimizer.cpsat import _extract, build_order_model, make_hint, new_solver
-
     M = problem.microbatches
     stats = WindowStats(window=min(window, M))
     t0 = time.monotonic() if t0 is None else t0
+    stepper = _Stepper(problem, ticks, lower, deadline, threads, step_limit)
     best = hint
     w = min(window, M)
     stale = 0
-    first = 0
-    build_time = 0.0
-    overrun = 0.0
     while time.monotonic() < deadline - 0.5 and best.makespan > lower:
         starts = list(range(0, max(1, M - w + 1), max(1, w // 2)))
         if starts[-1] != max(0, M - w):
             starts.append(max(0, M - w))
         improved = False
-        for m1 in starts[first:] + starts[:first]:
-            # a step needs time to build its model (seconds at 16 stages) before CP-SAT
-            # starts: do not begin one that cannot finish by the deadline
-            if deadline - time.monotonic() < build_time + overrun + 0.5 or \
-                    best.makespan <= lower:
+        for m1 in starts:
+            if not stepper.room() or best.makespan <= lower:
                 break
             free = set(range(m1, m1 + w))
-            fixed = [[k for k in seq if k[2] not in free] for seq in best.order]
-            t_build = time.monotonic()
-            builder, handles = build_order_model(problem, ticks, best.makespan, lower,
-                                                 best, fixed_order=fixed)
-            builder.add_hints()
-            build_time = max(build_time, time.monotonic() - t_build)
-            left = deadline - time.monotonic() - overrun
-            if left < 0.3:
-                break
-            limit = max(0.1, min(step_limit, left - 0.2))
-            solver = new_solver(limit, threads)
-            t_solve = time.monotonic()
-            code = solver.solve(builder.model)
-            # what CP-SAT does before its first check of the clock is not interruptible
-            # (it ran 11-15 s past 4 s steps at 16 x 32 until the closure of precedences
-            # was switched off, :func:`~.cpsat.new_solver`): learn how far past its
-            # limit a step runs and plan the next ones with it.
-            overrun = max(overrun, time.monotonic() - t_solve - limit)
-            stats.steps += 1
-            if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-                continue
-            schedule = _extract(problem, solver, handles, offload=False)
-            timed = make_hint(schedule, ticks)
-            if timed.makespan < best.makespan:
+            timed = stepper.run(best, {k for seq in best.order for k in seq
+                                       if k[2] in free}, stats)
+            if timed is not None and timed.makespan < best.makespan:
                 best = timed
                 improved = True
                 stats.improvements += 1
-                if progress is not None:
-                    progress(time.monotonic() - t0, best.makespan / ticks.scale, bound,
-                             None if bound is None else
-                             max(0.0, 1 - bound / (best.makespan / ticks.scale)))
+                _report(progress, t0, best, ticks, bound)
         if improved:
             stale = 0
         else:
@@ -99,5 +158,85 @@ def window_search(problem: Problem, ticks, hint, *, lower: int, deadline: float,
                 break
             w = min(M, w + max(1, w // 2))
             stats.window = w
-        first = 0
     return best, stats
+
+
+def time_window_search(problem: Problem, ticks: Any, hint: Any, *, lower: int,
+                       deadline: float, threads: int, tasks: float | None = None,
+                       step_limit: float | None = None,
+                       progress: ProgressFn | None = None, t0: float | None = None,
+                       bound: float | None = None, seed: int = 0,
+                       patience: int | None = None) -> tuple[Any, WindowStats]:
+    """Improve ``hint`` (a :class:`~.cpsat.Hint`) until ``deadline``; returns (hint, stats).
+
+    Each step frees the compute tasks that start within a window of ``tasks`` mean
+    task durations (default :data:`TIME_WINDOW_TASKS`; each step runs at most
+    ``step_limit`` seconds, default :data:`TIME_STEP_LIMIT`), on every device at once, around an idle gap drawn at random
+    (:func:`_window_start`; seeded: the same run makes the same choices). A step that finds an equally short
+    schedule is kept too: it moves the search along the plateau, which is where the
+    next step finds room. Stops when the incumbent reaches ``lower`` (ticks) or after
+    ``patience`` steps in a row without a shorter schedule (default
+    :data:`TIME_PATIENCE`), so that the caller can spend the time left on a proof.
+    """
+    patience = TIME_PATIENCE if patience is None else patience
+    tasks = TIME_WINDOW_TASKS if tasks is None else tasks
+    step_limit = TIME_STEP_LIMIT if step_limit is None else step_limit
+    g = ticks.graph
+    t0 = time.monotonic() if t0 is None else t0
+    mean = sum(int(g.duration[k]) for k in g.keys) / max(1, len(g.keys))
+    width = max(1, int(round(tasks * mean)))
+    stats = WindowStats(window=width)
+    stepper = _Stepper(problem, ticks, lower, deadline, threads, step_limit)
+    rng = random.Random(seed)
+    best = hint
+    idle_steps = 0
+    while stepper.room() and best.makespan > lower and idle_steps < patience:
+        idle_steps += 1
+        at = _window_start(best, width, rng)
+        free = {k for seq in best.order for k in seq
+                if at <= best.times[k][0] < at + width}
+        timed = stepper.run(best, free, stats, frozen_before=at)
+        if timed is None or timed.makespan > best.makespan:
+            continue
+        if timed.makespan < best.makespan:
+            stats.improvements += 1
+            idle_steps = 0
+            best = timed
+            _report(progress, t0, best, ticks, bound)
+        best = timed
+    return best, stats
+
+
+def _window_start(best: Any, width: int, rng: random.Random) -> int:
+    """Where the next time window begins: around an idle gap of some device, drawn with
+    probability proportional to its length (ties to the schedule's own idle time:
+    only where a device waits can a re-placement shorten anything), the gap's position
+    in the window itself at random. Uniform over the schedule when nothing idles."""
+    gaps = idle_gaps(best)
+    total = sum(b - a for a, b in gaps)
+    if total <= 0:
+        return rng.randrange(-(width // 2), max(1 - width // 2, best.makespan - width // 2))
+    pick = rng.uniform(0, total)
+    for a, b in gaps:
+        if pick <= b - a:
+            point = a + int(pick)
+            break
+        pick -= b - a
+    else:
+        point = gaps[-1][0]
+    return point - rng.randrange(0, width)
+
+
+def idle_gaps(best: Any) -> list[tuple[int, int]]:
+    """Every device's idle stretches in ``best`` (a :class:`~.cpsat.Hint`), in ticks
+    from 0 to its makespan, as (begin, end)."""
+    gaps: list[tuple[int, int]] = []
+    for seq in best.order:
+        edge = 0
+        for begin, end in sorted(best.times[k][:2] for k in seq):
+            if begin > edge:
+                gaps.append((edge, begin))
+            edge = max(edge, end)
+        if best.makespan > edge:
+            gaps.append((edge, best.makespan))
+    return gaps
