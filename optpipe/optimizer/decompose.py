@@ -9,11 +9,10 @@ CP-SAT re-place the window. Two kinds of window:
 * :func:`window_search`, consecutive *microbatches* on every stage, sweeping from
   warm-up to cool-down: with a tight budget the optimal steady state is a pattern over
   microbatches (built for budget S/2);
-* :func:`time_window_search`, every task that *starts* within a stretch of time, on
-  every device, at random: where memory does not bind the round trip (budget S and
-  above, the V shape and interleaved chunks), what is left is packing every device's
-  warm-up and cool-down tightly, which is local in time and spans all microbatches in
-  flight.
+* :func:`time_window_search`, every task that *starts* within a stretch of time
+  around some device's idle gap, on every device (the V shape and interleaved chunks,
+  every budget): at budget S what is left there is packing every device's warm-up and
+  cool-down tightly, which is local in time and spans all microbatches in flight.
 
 Every accepted step is a complete schedule of the full model (re-timed ASAP like the
 simulator), so the result is valid whenever the search stops; the full model's lower
@@ -169,14 +168,15 @@ def time_window_search(problem: Problem, ticks: Any, hint: Any, *, lower: int,
                        patience: int | None = None) -> tuple[Any, WindowStats]:
     """Improve ``hint`` (a :class:`~.cpsat.Hint`) until ``deadline``; returns (hint, stats).
 
-    Each step frees the compute tasks that start within a window of ``tasks`` mean
-    task durations (default :data:`TIME_WINDOW_TASKS`; each step runs at most
-    ``step_limit`` seconds, default :data:`TIME_STEP_LIMIT`), on every device at once, around an idle gap drawn at random
-    (:func:`_window_start`; seeded: the same run makes the same choices). A step that finds an equally short
-    schedule is kept too: it moves the search along the plateau, which is where the
-    next step finds room. Stops when the incumbent reaches ``lower`` (ticks) or after
-    ``patience`` steps in a row without a shorter schedule (default
-    :data:`TIME_PATIENCE`), so that the caller can spend the time left on a proof.
+    Each step frees the compute tasks that start within a window of ``tasks`` mean task
+    durations (default :data:`TIME_WINDOW_TASKS`), on every device at once, around an
+    idle gap drawn at random (:func:`_window_start`; seeded, so the same run makes the
+    same choices), and gives CP-SAT up to ``step_limit`` seconds (default
+    :data:`TIME_STEP_LIMIT`). A step that finds an equally short schedule is kept too:
+    it moves the search along the plateau, which is where the next step finds room.
+    Stops when the incumbent reaches ``lower`` (ticks) or after ``patience`` steps in
+    a row without a shorter schedule (default :data:`TIME_PATIENCE`), so that the
+    caller can spend the time left on a proof.
     """
     patience = TIME_PATIENCE if patience is None else patience
     tasks = TIME_WINDOW_TASKS if tasks is None else tasks
@@ -201,8 +201,7 @@ def time_window_search(problem: Problem, ticks: Any, hint: Any, *, lower: int,
         if timed.makespan < best.makespan:
             stats.improvements += 1
             idle_steps = 0
-            best = timed
-            _report(progress, t0, best, ticks, bound)
+            _report(progress, t0, timed, ticks, bound)
         best = timed
     return best, stats
 
