@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench_solver import bench_problem  # noqa: E402
-from docblock import write_between  # noqa: E402
+from docblock import publish  # noqa: E402
 
 from optpipe.optimizer import cpsat  # noqa: E402
 
@@ -132,9 +132,7 @@ def main() -> int:
                 f"not measured (the driver plans differently with it) | {_llama_solve()} |")
     text = ("Measured with `python scripts/bench_cpsat_params.py` on 2 CPU cores, 2 solver "
             "threads, one run each (F = B = W = 1 s, p2p 0.05 s).\n\n" + "\n".join(rows))
-    print(text)
-    if not args.no_write:
-        write_between(DOC, START, END, text)
+    publish(text, DOC, START, END, write=not args.no_write)
     return 0
 
 

@@ -24,6 +24,7 @@ to docs/optimizer.md between markers.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -31,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench_solver import bench_problem  # noqa: E402
-from docblock import write_between  # noqa: E402
+from docblock import publish  # noqa: E402
 
 from optpipe.optimizer import decompose  # noqa: E402
 
@@ -43,8 +44,6 @@ MODES = {"full": False, "microbatch": True, "time": None}
 def run(stages: int, microbatches: int, budget: float, mode: str, seconds: float,
         width: float | None = None) -> str:
     """One solve on the V shape; its makespan and its gap to the memory bounds."""
-    import math
-
     from optpipe.optimizer.cpsat import make_ticks, solve_cpsat
     from optpipe.optimizer.driver import _hint_pool, fixed_schedules
     from optpipe.optimizer.preprocess import lower_bound, memory_bounds
@@ -98,9 +97,7 @@ def main() -> int:
             f"threads, {args.time_limit:g} s per run, one run each; CP-SAT alone on the V "
             f"shape, hinted with the fitting fixed schedules (F = B = W = 1 s, p2p 0.05 s). "
             f"Makespan (gap to the lower bound).\n\n" + "\n".join(rows))
-    print(text)
-    if not args.no_write:
-        write_between(DOC, START, END, text)
+    publish(text, DOC, START, END, write=not args.no_write)
     return 0
 
 

@@ -29,3 +29,11 @@ def write_between(path: Path, start: str, end: str, inner: str) -> None:
         raise SystemExit(f"no {start} ... {end} markers in {path}")
     path.write_text(new)
     print(f"\nwritten to {path}")
+
+
+def publish(text: str, path: Path, start: str, end: str, write: bool = True) -> None:
+    """Print a measured table, and unless told not to (``--no-write``), put it into
+    its doc between its markers (:func:`write_between`)."""
+    print(text)
+    if write:
+        write_between(path, start, end, text)

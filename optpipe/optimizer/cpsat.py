@@ -293,10 +293,12 @@ def build_order_model(problem: Problem, ticks: Ticks, horizon: int, lower: int,
     implied = memory_implied_orders(problem, g.split_backward, placement)
     for k, f in implied:
         b.model.add(start[f] >= start[k] + int(dur[k]))
+    implied_set = set(implied)
+    free_set = None if free is None else set(free)
     for d in range(g.devices):
-        rows += _order_memory(b, g, d, start, hint, set(implied),
+        rows += _order_memory(b, g, d, start, hint, implied_set,
                               cross=problem.microbatches <= CROSS_STAGE_MAX_MICROBATCHES,
-                              free=None if free is None else set(free))
+                              free=free_set)
     if g.placement:
         # the device's exact memory: its rows see each stage alone beyond
         # CROSS_STAGE_MAX_MICROBATCHES (below, redundant: it helps propagation)
@@ -399,9 +401,9 @@ def _order_memory(b: _Builder, g: TaskGraph, d: int, start: dict[Key, Any],
                     value = None
                     if hint:
                         value = hint.times[k][1] <= hint.times[f][0]
-                    if f_pinned and k not in free:
-                        x[k] = bool(value)
-                        constant += coef * int(bool(value))
+                    if f_pinned and k not in free:       # both pinned: the hint's order
+                        x[k] = value
+                        constant += coef * value
                         continue
                     lit = b.bool_var(f"{op.value}{o}_{j}<F{s}_{i}", value)
                     x[k] = lit
@@ -902,49 +904,31 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
         timed = make_hint(schedule, ticks)
         raw = solver.objective_value
         best_bound = solver.best_objective_bound
-    if decompose and status != OPTIMAL and not offload and \
-            timed.makespan > best_bound and deadline - time.monotonic() > 1:
-        from optpipe.optimizer.decompose import window_search
-        before = timed.makespan
-        timed, stats = window_search(problem, ticks, timed,
-                                     lower=int(math.ceil(best_bound - 1e-9)),
-                                     deadline=deadline, threads=threads, window=WINDOW,
-                                     progress=progress, t0=t0,
-                                     bound=best_bound / ticks.scale)
-        schedule = timed.schedule
-        extra.update(window_steps=stats.steps, window_improvements=stats.improvements,
-                     window_final=stats.window,
-                     window_gain=(before - timed.makespan) / ticks.scale)
-        raw = min(raw, timed.makespan)
-    elif by_time and status != OPTIMAL and timed.makespan > best_bound and \
+    windows = "microbatch" if decompose else "time" if by_time else None
+    if windows and status != OPTIMAL and not offload and timed.makespan > best_bound and \
             deadline - time.monotonic() > 1:
-        from optpipe.optimizer.decompose import time_window_search
+        from optpipe.optimizer.decompose import time_window_search, window_search
         before = timed.makespan
-        timed, stats = time_window_search(problem, ticks, timed,
-                                          lower=int(math.ceil(best_bound - 1e-9)),
-                                          deadline=deadline, threads=threads,
-                                          progress=progress, t0=t0,
-                                          bound=best_bound / ticks.scale)
-        schedule = timed.schedule
-        if timed.makespan > best_bound and deadline - time.monotonic() > 1:
-            # the windows ran out of ideas before the time did: the full model again,
-            # hinted with (and its horizon at) their answer, for a proof
-            builder, handles = build_order_model(problem, ticks, timed.makespan, lower,
-                                                 timed, cuts=cuts)
-            builder.add_hints()
-            closing = new_solver(max(0.1, deadline - time.monotonic()), threads)
-            code = closing.solve(builder.model)
-            extra["closing_run"] = closing.status_name(code)
-            if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-                best_bound = max(best_bound, closing.best_objective_bound)
-                found = make_hint(_extract(problem, closing, handles, False), ticks)
-                if found.makespan < timed.makespan:
-                    timed, schedule = found, found.schedule
-                if code == cp_model.OPTIMAL:
+        common = dict(lower=int(math.ceil(best_bound - 1e-9)), deadline=deadline,
+                      threads=threads, progress=progress, t0=t0,
+                      bound=best_bound / ticks.scale)
+        if windows == "microbatch":
+            timed, stats = window_search(problem, ticks, timed, window=WINDOW, **common)
+            extra.update(window_steps=stats.steps, window_improvements=stats.improvements,
+                         window_final=stats.window)
+        else:
+            timed, stats = time_window_search(problem, ticks, timed, **common)
+            extra.update(time_window_steps=stats.steps,
+                         time_window_improvements=stats.improvements,
+                         time_window_ticks=stats.window)
+            if timed.makespan > best_bound and deadline - time.monotonic() > 1:
+                timed, closing_bound, extra["closing_run"], proven = _closing_run(
+                    problem, ticks, timed, lower, cuts, deadline, threads)
+                best_bound = max(best_bound, closing_bound)
+                if proven:
                     status = OPTIMAL
-        extra.update(time_window_steps=stats.steps, time_window_improvements=stats.improvements,
-                     time_window_ticks=stats.window,
-                     window_gain=(before - timed.makespan) / ticks.scale)
+        schedule = timed.schedule
+        extra["window_gain"] = (before - timed.makespan) / ticks.scale
         raw = min(raw, timed.makespan)
     # The extracted orders, re-timed ASAP, are a solution of the same model (memory in
     # the order model depends on orders only; the tight model is already ASAP), so
@@ -962,6 +946,28 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
     return EngineResult(schedule=schedule, status=status, objective=objective, bound=bound,
                         gap=relative_gap(objective, bound), wall_time=wall, engine=ENGINE,
                         extra=extra)
+
+
+def _closing_run(problem: Problem, ticks: Ticks, timed: Hint, lower: int,
+                 cuts: "PrefixCuts | None", deadline: float, threads: int
+                 ) -> tuple[Hint, float, str, bool]:
+    """The full model again until ``deadline``, hinted with ``timed`` and its horizon
+    there: a proof attempt once the time windows stop finding shorter schedules.
+
+    Returns the better of ``timed`` and what the run found, the run's proven bound
+    (ticks; ``lower`` when it reported nothing), CP-SAT's status name, and whether it
+    proved optimality.
+    """
+    builder, handles = build_order_model(problem, ticks, timed.makespan, lower, timed,
+                                         cuts=cuts)
+    builder.add_hints()
+    solver = new_solver(max(0.1, deadline - time.monotonic()), threads)
+    code = solver.solve(builder.model)
+    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return timed, float(lower), solver.status_name(code), False
+    found = make_hint(_extract(problem, solver, handles, False), ticks)
+    return (found if found.makespan < timed.makespan else timed,
+            solver.best_objective_bound, solver.status_name(code), code == cp_model.OPTIMAL)
 
 
 def solve_reach(problem: Problem, *, warm_start: Sequence[Schedule], time_limit: float,
