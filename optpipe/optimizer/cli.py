@@ -201,12 +201,19 @@ def _print_table(result: Any, problem: Any) -> None:
 
 def _note(result: Any) -> str:
     from optpipe.units import format_seconds
-    parts = [result.engine, result.status]
+    # no engine ran when a schedule met the lower bound first: only the status then
+    parts = ([] if result.engine == "bound" else [result.engine]) + [result.status]
     if result.bound is not None:
         parts.append(f"bound {format_seconds(result.bound)}")
     if result.gap is not None:
         parts.append(f"gap {result.gap:.2%}")
     return " ".join(parts)
+
+
+def _engine_label(engine: str) -> str:
+    """The engine as the user reads it: ``bound`` is the driver's name for "a schedule
+    met the lower bound before any engine ran", which says nothing as a solver's name."""
+    return "none (a schedule met the lower bound)" if engine == "bound" else engine
 
 
 def _placement_note(proof: dict[str, Any]) -> str:
@@ -229,6 +236,6 @@ def _print_summary(result: Any, out: Path, chart: Path | None) -> None:
         lines.append(f"bound      {format_seconds(result.bound)}{gap}")
     if len(getattr(result, "placements", [])) > 1:
         lines.append("placements " + "; ".join(_placement_note(p) for p in result.placements))
-    lines.append(f"solver     {result.engine}, {result.wall_time:.1f}s")
+    lines.append(f"solver     {_engine_label(result.engine)}, {result.wall_time:.1f}s")
     lines.append(f"wrote      {out}" + (f", {chart}" if chart else ""))
     print("\n".join(lines))

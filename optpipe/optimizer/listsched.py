@@ -1,0 +1,168 @@
+"""Memory-aware list schedules on any placement: fast warm starts for every placement.
+
+Why: the engines start from the best schedule they are given on each placement, and at
+16 stages their minute is too short to travel far from it (the time windows improve a
+schedule by a few percent a minute there). The fixed schedules are built for one cost
+profile; on the ``gpt-14.6b`` preset at 16 stages (first and last stages heavier) ZB-V
+leaves 34% of the step idle and no fixed schedule on the chunked placements beats
+zb-auto's 1.944 s on one stage per device, while a list schedule on the V shape runs
+1.815 s, and on the 8-stage preset the interleaved list schedule is the proven optimum
+(3.501 s). ``scripts/bench_listsched.py`` measures them against the fixed schedules.
+
+A list schedule: whenever a device is idle it runs, of the next task of each (op,
+stage) it holds (FIFO, as the engines), the first that is ready by this rule: a
+backward (B, or fused BW) first; then a W when ``eager_w``; then a forward if the
+budget leaves room for it plus ``reserve`` activations of the device's later stages
+(so that the chunk that turns microbatches around is not starved); else a W. Among
+ready tasks of one kind, ``rule`` decides: ``"critical"`` takes the longest path to the
+end (``preprocess.tails``), ``"depth"`` the latest stage (pushing microbatches through
+the device's chunks, as 1F1B does). Memory is tracked with the problem's bytes as the
+simulator does, and every result is judged by the simulator before it is used.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from typing import Sequence
+
+from optpipe.optimizer.preprocess import Key, tails, task_graph
+from optpipe.problem import Problem
+from optpipe.schedule import Op, Schedule, from_orders
+
+RULES = ("critical", "depth")
+RESERVES = (0, 1, 2)
+#: The W policies :func:`list_schedules` tries. Eager W was the only best variant on 3 of
+#: 30 placement-problems (the presets, 4 x 16 to 16 x 32 at S/2, S, 2S), all interleaved
+#: chunks at S/2, where the V shape starts far ahead; dropping it halves the time (5.1
+#: against about 2.5 s for both chunked placements at 16 x 64). ``eager_w=True`` stays
+#: for experiments.
+EAGER_W = (False,)
+_EPS = 1e-12
+
+
+def list_schedule(problem: Problem, placement: Sequence[int], split_backward: bool = True,
+                  *, rule: str = "critical", reserve: int = 0, eager_w: bool = False
+                  ) -> Schedule | None:
+    """A list schedule of ``problem`` on ``placement`` (see the module docstring), or
+    None when the rule leaves every device waiting for memory that nothing will free."""
+    if rule not in RULES:
+        raise ValueError(f"unknown rule {rule!r}; choose one of {', '.join(RULES)}")
+    graph = task_graph(problem, split_backward, placement)
+    split = graph.problem
+    place = list(placement)
+    stages_on = [[s for s in range(split.stages) if place[s] == d]
+                 for d in range(split.devices)]
+    ops = graph.ops
+    M = split.microbatches
+    if rule == "critical":
+        tail = tails(graph)
+        prio = {k: (-(tail[k] + graph.duration[k]), k[2]) for k in graph.keys}
+    else:
+        prio = {k: (-k[1], k[2]) for k in graph.keys}
+    succ: dict[Key, list[tuple[Key, float]]] = {k: [] for k in graph.keys}
+    for k, preds in graph.deps.items():
+        for p, lag in preds:
+            succ[p].append((k, lag))
+    room = [split.budget[d] - split.static[d] for d in range(split.devices)]
+    headroom = [[reserve * max((split.activation[x] for x in stages_on[d] if x > s),
+                               default=0) for s in range(split.stages)]
+                for d in range(split.devices)]
+    last_stage = [max(stages) for stages in stages_on]
+
+    nxt = {(op, s): 0 for s in range(split.stages) for op in ops}
+    end: dict[Key, float] = {}
+    level = [0.0] * split.devices
+    free = [0.0] * split.devices
+    order: list[list[Key]] = [[] for _ in range(split.devices)]
+    tick = itertools.count()                   # heap tie-breaker
+    wake: list[tuple[float, int, int]] = [(0.0, next(tick), d) for d in range(split.devices)]
+    left = len(graph.keys)
+
+    def ready(key: Key, t: float) -> bool:
+        for p, lag in graph.deps[key]:
+            if p not in end or end[p] + lag > t + _EPS:
+                return False
+        return True
+
+    def pick(d: int, t: float) -> Key | None:
+        heads = [(op, s, nxt[(op, s)]) for s in stages_on[d] for op in ops
+                 if nxt[(op, s)] < M]
+        heads = [k for k in heads if ready(k, t)]
+        backward = [k for k in heads if k[0] in (Op.B, Op.BW)]
+        if backward:
+            return min(backward, key=prio.__getitem__)
+        weights = [k for k in heads if k[0] is Op.W]
+        if eager_w and weights:
+            return min(weights, key=lambda k: (k[2], k[1]))
+        forwards = [k for k in heads if k[0] is Op.F]
+        fitting = [k for k in forwards if level[d] + split.activation[k[1]]
+                   + headroom[d][k[1]] <= room[d] + 1e-9]
+        if not fitting:      # the device's last chunk may always use the room left
+            fitting = [k for k in forwards if k[1] == last_stage[d]
+                       and level[d] + split.activation[k[1]] <= room[d] + 1e-9]
+        if fitting:
+            return min(fitting, key=prio.__getitem__)
+        if weights:
+            return min(weights, key=lambda k: (k[2], k[1]))
+        return None
+
+    while wake and left:
+        t = wake[0][0]
+        devices = set()
+        while wake and wake[0][0] <= t + _EPS:
+            devices.add(heapq.heappop(wake)[2])
+        for d in sorted(devices):
+            if free[d] > t + _EPS:
+                continue
+            key = pick(d, t)
+            if key is None:
+                continue
+            op, s, _ = key
+            end[key] = t + graph.duration[key]
+            free[d] = end[key]
+            order[d].append(key)
+            nxt[(op, s)] += 1
+            left -= 1
+            if op is Op.F:
+                level[d] += split.activation[s]
+            elif op is Op.B:
+                level[d] -= split.freed_by_b[s]
+            elif op is Op.W:
+                level[d] -= split.freed_by_w[s]
+            else:
+                level[d] -= split.activation[s]
+            heapq.heappush(wake, (end[key], next(tick), d))
+            for n, lag in succ[key]:
+                heapq.heappush(wake, (end[key] + lag, next(tick), place[n[1]]))
+    if left:
+        return None
+    name = f"list-{rule}-r{reserve}{'-eager' if eager_w else ''}"
+    schedule = from_orders(name, place, problem.microbatches, order)
+    # the planned step: the simulator re-times the same orders to the same starts
+    # (tests/test_listsched.py holds the two to it)
+    schedule.provenance = {"source": "optimizer", "name": name,
+                           "planned_makespan": max(end.values(), default=0.0)}
+    return schedule
+
+
+def list_schedules(problem: Problem, placement: Sequence[int],
+                   split_backward: bool = True) -> list[Schedule]:
+    """Every rule, reserve and W policy on ``placement`` (each distinct order once)."""
+    out: list[Schedule] = []
+    seen: set[tuple] = set()
+    for rule in RULES:
+        for reserve in RESERVES:
+            if reserve and len(placement) == problem.devices:
+                continue                      # one stage per device: nothing to reserve
+            for eager in EAGER_W:
+                schedule = list_schedule(problem, placement, split_backward, rule=rule,
+                                         reserve=reserve, eager_w=eager)
+                if schedule is None:
+                    continue
+                sig = tuple(tuple((a.op, a.stage, a.microbatch) for a in acts)
+                            for acts in schedule.actions)
+                if sig not in seen:
+                    seen.add(sig)
+                    out.append(schedule)
+    return out

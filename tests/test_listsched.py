@@ -1,0 +1,92 @@
+"""The list schedules (:mod:`optpipe.optimizer.listsched`) against the simulator.
+
+Why these tests: the list scheduler keeps its own clock and memory count to decide
+what each idle device runs; both must be the simulator's, or the driver would be
+handed warm starts whose figures it does not expect (the simulator judges them, but a
+scheduler that believes in a different memory count builds the wrong schedules).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from optpipe.optimizer.driver import _add_list_schedules
+from optpipe.optimizer.listsched import RULES, list_schedule, list_schedules
+from optpipe.optimizer.preprocess import FixedSet, lower_bound, task_graph
+from optpipe.problem import uniform_problem
+from optpipe.schedule import interleaved_placement, linear_placement, v_placement
+from optpipe.simulator import simulate
+from test_optimizer_engine import random_problem
+
+PLACEMENTS = {"linear": linear_placement, "v": v_placement,
+              "interleaved": lambda d: interleaved_placement(d, 2)}
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("shape", sorted(PLACEMENTS))
+def test_planned_times_and_memory_are_the_simulators(seed: int, shape: str) -> None:
+    """Uneven random problems, tight to loose budgets, split and fused backwards: every
+    list schedule fits in the simulator (the scheduler starts a forward only where its
+    own count says it fits) and the simulator's makespan is the planned one."""
+    rng = random.Random(seed)
+    problem = random_problem(rng, rng.choice([3, 4, 5]), rng.choice([4, 6, 9]),
+                             rng.choice([1.0, 2.0, 4.0]), rng.choice([0.0, 0.05]))
+    place = PLACEMENTS[shape](problem.devices)
+    for split in (True, False):
+        made = list_schedules(problem, place, split)
+        for schedule in made:
+            result = simulate(problem, schedule)
+            assert result.fits, schedule.name
+            assert result.makespan == pytest.approx(
+                schedule.provenance["planned_makespan"], abs=1e-9), schedule.name
+            graph = task_graph(problem, split, place)
+            assert result.makespan >= lower_bound(graph) - 1e-9
+        if shape == "linear" or problem.budget[0] == float("inf"):
+            assert made, "one stage per device never deadlocks"
+
+
+def test_every_rule_keeps_fifo_and_covers_every_task() -> None:
+    problem = uniform_problem(4, 6, forward=1.0, backward_input=1.0, backward_weight=1.0,
+                              p2p=0.05, activation=1000, freed_by_b=500,
+                              static=0).activation_budget(4)
+    place = v_placement(4)
+    for rule in RULES:
+        schedule = list_schedule(problem, place, rule=rule)
+        assert schedule is not None
+        seen = [(a.op, a.stage, a.microbatch) for acts in schedule.actions for a in acts]
+        assert len(seen) == len(set(seen)) == 3 * 8 * 6
+        for acts in schedule.actions:
+            last: dict = {}
+            for a in acts:
+                assert a.microbatch == last.get((a.op, a.stage), -1) + 1
+                last[(a.op, a.stage)] = a.microbatch
+    with pytest.raises(ValueError, match="unknown rule"):
+        list_schedule(problem, place, rule="fastest")
+
+
+def test_a_budget_nothing_can_run_in_gives_none_not_a_hang() -> None:
+    """On the V shape device 0 holds the first and the last chunk: with room for one
+    chunk's activation only, the first forward takes it and the last chunk, which
+    would turn the microbatch around, can never run."""
+    problem = uniform_problem(4, 4, forward=1.0, backward_input=1.0, backward_weight=1.0,
+                              p2p=0.0, activation=1000, freed_by_b=500,
+                              static=0).with_budget(500)
+    assert list_schedule(problem, v_placement(4)) is None
+    assert list_schedules(problem, v_placement(4)) == []
+
+
+def test_driver_adds_only_fitting_list_schedules_as_its_own_warm_starts() -> None:
+    problem = uniform_problem(4, 8, forward=1.0, backward_input=1.0, backward_weight=1.0,
+                              p2p=0.05, activation=1000, freed_by_b=500,
+                              static=0).activation_budget(2)
+    fixed = FixedSet()
+    _add_list_schedules(problem, fixed, True, None)
+    assert fixed.candidates
+    labels = set()
+    for c in fixed.candidates:
+        assert c.fits and simulate(problem, c.schedule).fits
+        assert c.schedule.provenance["source"] == "optimizer"
+        labels.add(c.schedule.provenance["placement"])
+    assert labels == {"v", "interleaved"}      # one stage per device has its own greedy ones
