@@ -25,7 +25,11 @@ from optpipe.problem import Problem, uniform_problem
 from optpipe.schedule import Action, Op, Schedule, linear_placement
 from optpipe.simulator import simulate
 
-TL = 20.0  # seconds per solve; every case below proves optimality far sooner
+# seconds per solve: a ceiling, not a target. Every case below proves optimality in
+# under 7 s on a quiet 2-core machine and returns then; 20 s was too little once the
+# machine was shared (a fresh-clone CI run beside a pip install and two solves: four
+# cases ended 'feasible'), and one case flaked so in CI before
+TL = 120.0
 
 
 def hetero(stages: int, microbatches: int, coarse: bool = False, **kw) -> Problem:
