@@ -1353,6 +1353,13 @@ class _HighsJob:
             h.cbMipInterrupt.subscribe(on_event)
         except Exception:  # pragma: no cover - older highspy without event callbacks
             pass
+        # HiGHS keeps one thread scheduler per process, sized by the first run: a later
+        # run asking for another thread count returns at once with status "Not Set".
+        # The portfolio's thread count per search follows the idle CPUs it measures, and
+        # a forked worker inherits its parent's scheduler without its threads; so every
+        # run starts a scheduler of its own (runs in one process never overlap).
+        # Found when two test runs shared the machine: four proofs came back 'feasible'.
+        highspy.Highs.resetGlobalScheduler(True)
         h.run()
         status = h.getModelStatus()
         info = h.getInfo()
