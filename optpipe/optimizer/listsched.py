@@ -6,7 +6,7 @@ schedule by a few percent a minute there). The fixed schedules are built for one
 profile; on the ``gpt-14.6b`` preset at 16 stages (first and last stages heavier) ZB-V
 leaves 34% of the step idle and no fixed schedule on the chunked placements beats
 zb-auto's 1.944 s on one stage per device, while a list schedule on the V shape runs
-1.815 s, and on the 8-stage preset the interleaved list schedule is the proven optimum
+1.820 s (the search from it: 1.789 s in the library), and on the 8-stage preset the interleaved list schedule is the proven optimum
 (3.501 s). ``scripts/bench_listsched.py`` measures them against the fixed schedules.
 
 A list schedule: whenever a device is idle it runs, of the next task of each (op,
