@@ -2,14 +2,15 @@
 """List schedules against the fixed schedules, placement by placement (no search).
 
 Why this script: search revision 10 gives the engines list schedules
-(``optimizer.listsched``) on every placement as warm starts. This shows what they start
-from: for the model presets (``optpipe solve --stages S --mem 80GB``'s problems) and the
-benchmark's problems (``bench_solver.bench_problem``: F = B = W = 1 s, p2p 0.05 s) at
-budgets S/2, S and 2S, per placement, the fastest fitting fixed schedule (the driver's set: every generator, capped 1F1B and the greedy
-list schedules on one stage per device) and the fastest fitting list schedule (every rule, reserve and W policy), each with its gap to the
-placement's lower bound (``preprocess.lower_bound`` and ``memory_bounds``), and the
-seconds all list schedules of the row took (building and simulating). Nothing is
-asserted; the table goes to docs/optimizer.md between markers.
+(``optimizer.listsched``) on the chunked placements as warm starts. This shows what they
+start from: for the model presets (``optpipe solve --stages S --mem 80GB``'s problems)
+and the benchmark's problems (``bench_solver.bench_problem``: F = B = W = 1 s, p2p
+0.05 s) at budgets S/2, S and 2S, per placement, the fastest fitting fixed schedule (the
+driver's set: every generator, capped 1F1B and the greedy list schedules on one stage
+per device) and the fastest fitting list schedule (every rule and reserve), each with
+its gap to the placement's lower bound (``preprocess.lower_bound`` and
+``memory_bound``), and the seconds all list schedules of the row took (building and
+simulating). Nothing is asserted; the table goes to docs/optimizer.md between markers.
 
     python scripts/bench_listsched.py                    # about a minute
     python scripts/bench_listsched.py --sizes 8x32 --presets "" --no-write
@@ -43,7 +44,7 @@ def row(label: str, problem) -> list[str]:
     """One line per placement: best fixed, best list schedule, their gaps, seconds."""
     from optpipe.optimizer.cpsat import make_ticks
     from optpipe.optimizer.listsched import list_schedules
-    from optpipe.optimizer.preprocess import fixed_schedules, lower_bound, memory_bounds
+    from optpipe.optimizer.preprocess import fixed_schedules, lower_bound, memory_bound
     from optpipe.schedule import placement_name, searched_placements
     from optpipe.simulator import simulate
 
@@ -51,7 +52,7 @@ def row(label: str, problem) -> list[str]:
     lines = []
     for name, place in searched_placements(problem.devices).items():
         ticks = make_ticks(problem, True, False, (1.0,), place)
-        bound = max(memory_bounds(ticks.graph, lower_bound(ticks.graph))) / ticks.scale
+        bound = memory_bound(ticks.graph, lower_bound(ticks.graph)) / ticks.scale
         on = [c.makespan for c in fixed if c.fits and not c.schedule.offloads
               and placement_name(c.schedule.placement, c.schedule.devices) == name]
         t0 = time.monotonic()

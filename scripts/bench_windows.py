@@ -47,14 +47,14 @@ def run(stages: int, microbatches: int, budget: float, mode: str, seconds: float
     """One solve on the V shape; its makespan and its gap to the memory bounds."""
     from optpipe.optimizer.cpsat import make_ticks, solve_cpsat
     from optpipe.optimizer.driver import _hint_pool, fixed_schedules
-    from optpipe.optimizer.preprocess import lower_bound, memory_bounds
+    from optpipe.optimizer.preprocess import lower_bound, memory_bound
     from optpipe.schedule import v_placement
     from optpipe.simulator import simulate
 
     problem = bench_problem(stages, microbatches, stages * budget, False)
     place = v_placement(stages)
     ticks = make_ticks(problem, True, False, (1.0,), place)
-    bound = max(memory_bounds(ticks.graph, lower_bound(ticks.graph))) / ticks.scale
+    bound = memory_bound(ticks.graph, lower_bound(ticks.graph)) / ticks.scale
     saved = decompose.TIME_WINDOW_TASKS, cpsat.TIME_FULL_SHARE
     try:
         if width is not None:

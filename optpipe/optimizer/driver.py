@@ -646,7 +646,6 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
     searchable = [sp for sp in spaces
                   if (engine == "cpsat" and sp.hinted) or sp.label == "linear"]
     first = sorted(searchable, key=lambda sp: sp.label != "linear")   # stable
-    chunked_ran = False
     for sweep in range(2):    # a second sweep gives time left over to open placements
         order = first if sweep == 0 else searchable
         for i, space in enumerate(order):
@@ -665,8 +664,9 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
                 and space.bound < space.best_fixed * (1 - 1e-9)
             if space.bound >= incumbent * (1 - 1e-9) and not proof_attempt:
                 continue
-            if not sweep and space.label != "linear" and chunked_ran and \
-                    space.best_fixed >= incumbent * (1 - 1e-9):
+            if not sweep and space.label != "linear" and \
+                    space.best_fixed >= incumbent * (1 - 1e-9) and \
+                    any(r.extra.get("space") != "linear" for r in runs):
                 continue          # starts behind what another placement reached: leftovers
             if sweep and space.label in best_on and space.bound >= \
                     _makespan_of(runs, space.label) * (1 - 1e-9):
@@ -698,7 +698,6 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
                               cuts=cuts.get(space.label))
             run.extra["space"] = space.label
             runs.append(run)
-            chunked_ran = chunked_ran or space.label != "linear"
             # a run that ended early says nothing about the overrun: keep the estimate
             space.overrun = max(space.overrun, run.wall_time - max(0.5, limit))
             if run.bound is not None and run.status != ERROR:

@@ -6,8 +6,9 @@ schedule by a few percent a minute there). The fixed schedules are built for one
 profile; on the ``gpt-14.6b`` preset at 16 stages (first and last stages heavier) ZB-V
 leaves 34% of the step idle and no fixed schedule on the chunked placements beats
 zb-auto's 1.944 s on one stage per device, while a list schedule on the V shape runs
-1.820 s (the search from it: 1.789 s in the library), and on the 8-stage preset the interleaved list schedule is the proven optimum
-(3.501 s). ``scripts/bench_listsched.py`` measures them against the fixed schedules.
+1.820 s (the search from it: 1.789 s in the library), and on the 8-stage preset the
+interleaved list schedule is the proven optimum (3.501 s).
+``scripts/bench_listsched.py`` measures them against the fixed schedules.
 
 A list schedule: whenever a device is idle it runs, of the next task of each (op,
 stage) it holds (FIFO, as the engines), the first that is ready by this rule: a
@@ -16,8 +17,9 @@ budget leaves room for it plus ``reserve`` activations of the device's later sta
 (so that the chunk that turns microbatches around is not starved); else a W. Among
 ready tasks of one kind, ``rule`` decides: ``"critical"`` takes the longest path to the
 end (``preprocess.tails``), ``"depth"`` the latest stage (pushing microbatches through
-the device's chunks, as 1F1B does). Memory is tracked with the problem's bytes as the
-simulator does, and every result is judged by the simulator before it is used.
+the device's chunks, as 1F1B does). Memory is counted with the simulator's accounting
+(``memory.accounting.memory_delta``), and every result is judged by the simulator
+before it is used.
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ import heapq
 import itertools
 from typing import Sequence
 
+from optpipe.memory.accounting import memory_delta
 from optpipe.optimizer.preprocess import Key, tails, task_graph
 from optpipe.problem import Problem
-from optpipe.schedule import Op, Schedule, from_orders
+from optpipe.schedule import Action, Op, Schedule, from_orders
 
 RULES = ("critical", "depth")
 RESERVES = (0, 1, 2)
@@ -65,9 +68,9 @@ def list_schedule(problem: Problem, placement: Sequence[int], split_backward: bo
         for p, lag in preds:
             succ[p].append((k, lag))
     room = [split.budget[d] - split.static[d] for d in range(split.devices)]
-    headroom = [[reserve * max((split.activation[x] for x in stages_on[d] if x > s),
-                               default=0) for s in range(split.stages)]
-                for d in range(split.devices)]
+    # per stage: the room a forward must leave for its device's later chunks
+    headroom = [reserve * max((split.activation[x] for x in stages_on[place[s]] if x > s),
+                              default=0) for s in range(split.stages)]
     last_stage = [max(stages) for stages in stages_on]
 
     nxt = {(op, s): 0 for s in range(split.stages) for op in ops}
@@ -97,7 +100,7 @@ def list_schedule(problem: Problem, placement: Sequence[int], split_backward: bo
             return min(weights, key=lambda k: (k[2], k[1]))
         forwards = [k for k in heads if k[0] is Op.F]
         fitting = [k for k in forwards if level[d] + split.activation[k[1]]
-                   + headroom[d][k[1]] <= room[d] + 1e-9]
+                   + headroom[k[1]] <= room[d] + 1e-9]
         if not fitting:      # the device's last chunk may always use the room left
             fitting = [k for k in forwards if k[1] == last_stage[d]
                        and level[d] + split.activation[k[1]] <= room[d] + 1e-9]
@@ -118,20 +121,15 @@ def list_schedule(problem: Problem, placement: Sequence[int], split_backward: bo
             key = pick(d, t)
             if key is None:
                 continue
-            op, s, _ = key
+            op, s, m = key
             end[key] = t + graph.duration[key]
             free[d] = end[key]
             order[d].append(key)
             nxt[(op, s)] += 1
             left -= 1
-            if op is Op.F:
-                level[d] += split.activation[s]
-            elif op is Op.B:
-                level[d] -= split.freed_by_b[s]
-            elif op is Op.W:
-                level[d] -= split.freed_by_w[s]
-            else:
-                level[d] -= split.activation[s]
+            # the shared accounting; a release at the task's end is counted now, as the
+            # device runs nothing else before then
+            level[d] += memory_delta(split, Action(op, s, m))[1]
             heapq.heappush(wake, (end[key], next(tick), d))
             for n, lag in succ[key]:
                 heapq.heappush(wake, (end[key] + lag, next(tick), place[n[1]]))
