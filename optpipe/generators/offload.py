@@ -277,6 +277,21 @@ def _bases(problem: Problem, names: Sequence[str]) -> list[_Plan]:
     return plans
 
 
+def fit_by_offloading(problem: Problem, schedule: Schedule) -> tuple[Schedule, SimResult]:
+    """Steps 2-5 of the module docstring on any schedule's compute orders: offload (and
+    run W's sooner) until they fit ``problem``'s budget, or come as close as they can.
+
+    Why public: the optimizer plans list schedules for a looser budget than the real
+    one and fits them here (:mod:`optpipe.optimizer.offload_starts`); the orders need
+    not come from a fixed schedule. Transfers already in ``schedule`` are dropped.
+    Returns the fitted schedule (named ``pipeoffload``, with ``schedule.name`` as its
+    base in the provenance) and its simulation; ``result.fits`` says whether it fits.
+    """
+    plan = _Plan(schedule.name, list(schedule.placement), _compute_orders(schedule))
+    plan, result = _fit(problem, plan)
+    return plan.schedule(problem, fits=result.fits), result
+
+
 def pipeoffload(problem: Problem, bases: Sequence[str] = BASES) -> Schedule:
     """Offload the activations that are away long enough, until the peak fits the budget.
 

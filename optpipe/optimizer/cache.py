@@ -35,13 +35,14 @@ _PACKAGE = Path(__file__).resolve().parent.parent
 #: its transitive closure of precedences, a smaller expected overrun on chunked
 #: placements, the window search from the hint when the full model reports nothing; 9:
 #: the chunked placements packed by time windows after a tenth of the time; 10: list
-#: schedules on every placement as warm starts). A cached
+#: schedules on every placement as warm starts; 11: with offload, list schedules planned
+#: for a looser budget and fitted by offloading). A cached
 #: schedule from an older search that was not proven optimal is solved again: the same
 #: problem and time limit may now give a faster one. Not bumped for the warm-up memory
 #: bound (2026-12-01): it proves more but searches the same way (the window search
 #: still keys on the round trip), so a cached answer would come back no faster; its
 #: stored bound is true, only weaker.
-SEARCH_REVISION = 10
+SEARCH_REVISION = 11
 
 
 def cache_dir() -> Path:

@@ -37,8 +37,9 @@ def register(subparsers: Any) -> None:
     off.add_argument("--offload", dest="offload", action="store_true", default=None,
                      help="allow offloading activations to host memory")
     off.add_argument("--no-offload", dest="offload", action="store_false",
-                     help="never offload (default: offload only when the budget holds the "
-                          "schedule back and the problem is small enough)")
+                     help="never offload (default: offload when the budget holds the "
+                          "schedule back; beyond 256 stage x microbatch cells only when "
+                          "it costs the fixed schedules more than 5%%)")
     g.add_argument("--offload-levels", default="1", metavar="LIST",
                    help="fractions of an activation an offload may move, e.g. 0.5,1 "
                         "(default 1)")

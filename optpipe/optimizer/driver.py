@@ -40,8 +40,8 @@ SOLVERS = ("auto", "cpsat", "highs", "gurobi")
 #: Placements the search may use (``placements=`` of :func:`solve`, ``--placements``):
 #: one stage per device, the V shape, interleaved with 2 chunks per device.
 PLACEMENTS = tuple(searched_placements(2))
-#: ``offload=None`` runs the offload model only up to this many tasks (S x M): beyond it
-#: the circuit model is too large to improve on the order model within a minute.
+#: ``offload=None`` allows offload whenever the budget holds the schedule back up to
+#: this many cells (S x M); beyond, only when memory binds hard (:func:`_resolve_offload`).
 OFFLOAD_AUTO_MAX_CELLS = 256
 #: The offload model is not built at all beyond this size (even with ``offload=True``).
 OFFLOAD_MAX_CELLS = 256
@@ -83,6 +83,9 @@ EXTEND_SHARE = 0.25
 #: prefix cuts (8 x 64 with 0.6: the same 306.3 s, bound 296.9 s against 297.6 s).
 EXTEND_SHARE_LARGE = 0.75
 EXTEND_LARGE_SOURCE_CELLS = 512
+#: Share of the time limit for offloaded list schedules (:mod:`.offload_starts`), when
+#: offload is allowed and the budget holds the schedule back (:func:`_add_offloaded_starts`).
+OFFLOAD_STARTS_SHARE = 0.2
 DEFAULT_LEVELS = (1.0,)
 FALLBACK = "fallback"
 CACHED = "cached"
@@ -134,7 +137,8 @@ def solve(problem: Problem, *, solver: str = "auto", offload: bool | None = None
     docs/optimizer.md), ``cpsat``, ``highs`` or ``gurobi`` (the Pyomo MILP).
     ``offload``: True allows activation offload, False forbids it, None (auto) allows
     it when the budget is what holds the schedule back (a faster fixed schedule exists
-    that does not fit) and the problem is small enough for the offload model.
+    that does not fit) — beyond 256 stage x microbatch cells only when the budget costs
+    the fixed schedules more than 5% (see :func:`_resolve_offload`).
     ``split_backward``: model B and W separately (what zero-bubble schedules need);
     False schedules fused backwards only. ``time_limit`` covers the whole call.
     ``progress``: True prints a live line on stderr during long solves; a callable gets
@@ -163,7 +167,7 @@ def solve(problem: Problem, *, solver: str = "auto", offload: bool | None = None
     everything = fixed_schedules(problem)
     fixed = _restrict(everything, problem, allowed)
     use_offload = _resolve_offload(problem, offload, fixed, _best(
-        [c for c in fixed.candidates if not c.schedule.offloads]))
+        [c for c in fixed.candidates if not c.schedule.offloads]), split_backward)
     best_fixed = _bar(fixed, use_offload, split_backward)
     key = cache_mod.cache_key(problem, solver=solver, split_backward=split_backward,
                               offload=use_offload, levels=levels, placements=allowed)
@@ -187,6 +191,9 @@ def solve(problem: Problem, *, solver: str = "auto", offload: bool | None = None
     # what the extended schedules' sources prove on fewer microbatches, for the cuts
     proven = PrefixCuts()
     _add_list_schedules(problem, fixed, split_backward, allowed)
+    if use_offload:
+        _add_offloaded_starts(problem, fixed, split_backward, allowed,
+                              time_limit * OFFLOAD_STARTS_SHARE)
     if binds:
         _add_periodic(problem, fixed, split_backward, use_offload,
                       time_limit * PERIODIC_SHARE, threads, allowed)
@@ -345,11 +352,50 @@ def _add_list_schedules(problem: Problem, fixed: FixedSet, split_backward: bool,
     for label, place, split in _shapes(problem, split_backward, allowed):
         if place == linear_placement(problem.devices):
             continue
-        for schedule in list_schedules(problem, place, split):
-            result = simulate(problem, schedule)
-            if result.fits:
-                schedule.provenance["placement"] = label
-                fixed.candidates.append(Candidate(schedule.name, schedule, result))
+        _add_fitting(problem, fixed, list_schedules(problem, place, split), label)
+
+
+def _add_fitting(problem: Problem, fixed: FixedSet, schedules: Sequence[Schedule],
+                 label: str) -> None:
+    """Simulate the optimizer's own ``schedules`` on ``label``'s placement and add
+    those that fit to the candidates (each stamped with its placement)."""
+    for schedule in schedules:
+        result = simulate(problem, schedule)
+        if result.fits:
+            schedule.provenance["placement"] = label
+            fixed.candidates.append(Candidate(schedule.name, schedule, result))
+
+
+def _add_offloaded_starts(problem: Problem, fixed: FixedSet, split_backward: bool,
+                          allowed: tuple[str, ...] | None, seconds: float) -> None:
+    """Add the fitting offloaded list schedules (:mod:`.offload_starts`) of every placement.
+
+    Why: with offload allowed no engine searches the chunked placements, and the tight
+    offload model on one stage per device returns nothing within the minute from
+    4 x 16 on; these plans for a looser budget, fitted by offloading, beat pipeoffload
+    on the benchmark at S/2 (docs/optimizer.md, "Offloaded list schedules"). Only when
+    some schedule without offload is faster but does not fit (otherwise offloading
+    cannot help). The chunked placements first, factor by factor (they gave every
+    fastest one; interleaved chunks before the V shape), one stage per device last,
+    until ``seconds`` have passed.
+    """
+    from optpipe.optimizer.offload_starts import FACTORS, offloaded_list_schedules
+
+    bar = _bar(fixed, True, split_backward)
+    if bar is None or not any(not c.fits and not c.schedule.offloads
+                              and c.makespan < bar.makespan for c in fixed.candidates):
+        return
+    linear = linear_placement(problem.devices)
+    shapes = _shapes(problem, split_backward, allowed)
+    tries = sorted(((factor, shape) for factor in FACTORS for shape in shapes),
+                   key=lambda t: (t[1][1] == linear, FACTORS.index(t[0]),
+                                  t[1][0] != "interleaved"))
+    deadline = time.monotonic() + seconds
+    for factor, (label, place, split) in tries:
+        if time.monotonic() > deadline:
+            return
+        _add_fitting(problem, fixed, offloaded_list_schedules(
+            problem, place, split, factor, deadline=deadline), label)
 
 
 def _add_periodic(problem: Problem, fixed: FixedSet, split_backward: bool,
@@ -453,16 +499,29 @@ def _heartbeat(reporter: ProgressFn | None, t0: float, fixed: FixedSet, use_offl
 
 
 def _resolve_offload(problem: Problem, offload: bool | None, fixed: FixedSet,
-                     best_fixed: Candidate | None) -> bool:
-    """Auto: offload when a faster fixed schedule exists that does not fit the budget."""
+                     best_fixed: Candidate | None, split_backward: bool = True) -> bool:
+    """Auto: offload when a faster fixed schedule exists that does not fit the budget;
+    beyond :data:`OFFLOAD_AUTO_MAX_CELLS` only when memory binds hard
+    (:func:`_memory_binds_hard`).
+
+    Why the two rules: up to that size the offload model (a circuit per device) is built
+    and takes 70% of the minute from the order models, which pays only where the budget
+    holds the schedule back. Beyond it no offload model runs and the order models keep
+    their time; offload then costs the offloaded list schedules' share
+    (:data:`OFFLOAD_STARTS_SHARE`) and reports the weaker bound that holds with offload,
+    which pays where memory costs the fixed schedules more than
+    :data:`PERIODIC_MIN_LOSS` (at S/2 on the benchmark, 16 x 32: 9.5% bubble with
+    offload against 30.0% without; at S, where it does not bind hard, 16 x 64 ended at
+    205.9 s with offload against 204.3 s without).
+    """
     if offload is not None:
         return offload
-    if problem.stages * problem.microbatches > OFFLOAD_AUTO_MAX_CELLS:
-        return False
-    if best_fixed is None:
-        return True
-    return any(not c.fits and c.makespan < best_fixed.makespan * (1 - 1e-9)
-               and not c.schedule.offloads for c in fixed.candidates)
+    held_back = best_fixed is None or any(
+        not c.fits and c.makespan < best_fixed.makespan * (1 - 1e-9)
+        and not c.schedule.offloads for c in fixed.candidates)
+    if problem.stages * problem.microbatches <= OFFLOAD_AUTO_MAX_CELLS:
+        return held_back
+    return held_back and _memory_binds_hard(fixed, False, split_backward)
 
 
 def _fused_faster(problem: Problem) -> bool:
@@ -958,6 +1017,7 @@ def _choose(problem: Problem, runs: list[EngineResult], best_fixed: Candidate | 
                            status=OPTIMAL, objective=best_fixed.makespan, bound=bound,
                            gap=0.0, wall_time=wall, engine="bound",
                            message=f"{_what(best_fixed)} meets the lower bound")
+    own = False
     if best_fixed is not None and (best is None or
                                    best_fixed.makespan < best.sim.makespan * (1 - 1e-9)):
         if best is None and not runs:
@@ -967,9 +1027,13 @@ def _choose(problem: Problem, runs: list[EngineResult], best_fixed: Candidate | 
             why = ("; ".join(notes) if best is None else
                    f"{_what(best_fixed)} is faster than the best the solver "
                    f"found")
+        # the optimizer's own warm starts (offloaded list schedules, which no engine
+        # searches on) are its answer, not a fallback to a fixed schedule
+        own = best_fixed.schedule.provenance.get("source") == "optimizer"
         best = SolveResult(schedule=best_fixed.schedule, sim=best_fixed.result,
-                           status=FALLBACK, objective=None, bound=None, gap=None,
-                           wall_time=wall, engine=runs[-1].engine if runs else "-",
+                           status=FEASIBLE if own else FALLBACK, objective=None,
+                           bound=None, gap=None, wall_time=wall,
+                           engine=runs[-1].engine if runs else "-",
                            message=why or "the solver returned no schedule")
     if best is None:  # pragma: no cover - the sequential schedule always fits
         raise OptPipeError("no schedule found: " + "; ".join(notes))
@@ -978,7 +1042,7 @@ def _choose(problem: Problem, runs: list[EngineResult], best_fixed: Candidate | 
         best.gap = relative_gap(best.sim.makespan, best.bound)
         if best.status in (OPTIMAL, FEASIBLE):
             best.status = OPTIMAL if best.gap <= gap + 1e-9 else FEASIBLE
-    if best.status != FALLBACK:
+    if best.status != FALLBACK and not own:
         best.message = "; ".join(notes)
     return best
 
@@ -986,8 +1050,11 @@ def _choose(problem: Problem, runs: list[EngineResult], best_fixed: Candidate | 
 def _what(candidate: Candidate) -> str:
     """How a message names a returned candidate: a fixed schedule, or one of the
     optimizer's own warm starts (list schedules, periodic blocks, extensions)."""
-    own = candidate.schedule.provenance.get("source") == "optimizer"
-    return f"{'warm start' if own else 'fixed schedule'} {candidate.name}"
+    prov = candidate.schedule.provenance
+    own = prov.get("source") == "optimizer"
+    how = (f" (a list schedule planned for {prov['planned_for']}, fitted by offloading)"
+           if "planned_for" in prov else "")
+    return f"{'warm start' if own else 'fixed schedule'} {candidate.name}{how}"
 
 
 def _stamp(result: SolveResult, problem: Problem, **options: Any) -> None:
@@ -999,7 +1066,7 @@ def _stamp(result: SolveResult, problem: Problem, **options: Any) -> None:
     own = prov.get("source") == "optimizer"
     if result.status != FALLBACK and (result.engine != "bound" or own):
         prov.update(source="solver", name="optpipe")
-        if result.engine == "bound":
+        if own:
             prov["warm_start"] = name
         name = "optpipe"
     prov.update(
