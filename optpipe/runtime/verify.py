@@ -13,11 +13,12 @@ worker of :func:`optpipe.runtime.launch.run_workers`; the tests use both.
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from typing import Any, Sequence
 
 import torch
 
-from optpipe.problem import uniform_problem
+from optpipe.problem import Problem, uniform_problem
 from optpipe.schedule import Action, Op, Schedule
 
 MODELS = ("gpt", "mlp")
@@ -64,7 +65,24 @@ def verification_schedules(devices: int, microbatches: int,
             schedules.append(offloading)
         schedules.append(with_offload(generate("1f1b", problem)))
         schedules.append(with_offload(generate("zb-h1", problem), 0.5))
+        schedules += _offloaded_list_schedules(tight)
     return schedules
+
+
+def _offloaded_list_schedules(tight: Problem) -> list[Schedule]:
+    """The optimizer's offloaded list schedules on both chunked placements (what
+    ``optpipe solve`` returns at tight budgets with offload: chunks *and* transfers),
+    the first that offloads on each, named ``offloaded-list-<placement>(tight)``."""
+    from optpipe.optimizer.offload_starts import offloaded_list_schedules
+    from optpipe.schedule import interleaved_placement, v_placement
+
+    out = []
+    for label, place in (("interleaved", interleaved_placement(tight.devices, 2)),
+                         ("v", v_placement(tight.devices))):
+        made = [s for s in offloaded_list_schedules(tight, place) if s.offloads]
+        if made:
+            out.append(replace(made[0], name=f"offloaded-list-{label}(tight)"))
+    return out
 
 
 def build_case(kind: str, stages: int, batch: int, dtype: torch.dtype = torch.float64,
