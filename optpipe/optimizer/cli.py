@@ -213,8 +213,13 @@ def _note(result: Any) -> str:
 
 def _engine_label(engine: str) -> str:
     """The engine as the user reads it: ``bound`` is the driver's name for "a schedule
-    met the lower bound before any engine ran", which says nothing as a solver's name."""
-    return "none (a schedule met the lower bound)" if engine == "bound" else engine
+    met the lower bound before any engine ran" and ``-`` for "no engine ran because
+    none could win", which say nothing as a solver's name."""
+    if engine == "bound":
+        return "none (a schedule met the lower bound)"
+    if engine == "-":
+        return "none (no engine's model could beat the best schedule in hand)"
+    return engine
 
 
 def _placement_note(proof: dict[str, Any]) -> str:

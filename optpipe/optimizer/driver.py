@@ -582,11 +582,22 @@ class _Space:
     label: str
     placement: list[int]
     bound: float            # proven lower bound for schedules on this placement
-    best_fixed: float       # best fitting fixed schedule on it (inf if none)
+    best_fixed: float       # best fitting start on it without offload (inf if none)
     split: bool = True      # backwards modelled as B and W (else fused BW)
     overrun: float = 0.0    # seconds a run on it may go past its limit (expected or seen)
     hinted: bool = True     # a fitting schedule without offload exists to start a search
     free_bound: float = 0.0  # its no-memory bound (what decides a proof attempt)
+    # its memory bound without offload: what ranks placements with equal starts for the
+    # order models (:func:`_room_first`), with offload allowed too, where ``bound`` is
+    # the no-memory bound of every placement and would rank none ahead
+    order_bound: float = 0.0
+
+    @property
+    def search_bound(self) -> float:
+        """The least makespan the order model can reach here (its proven bound, or its
+        memory bound where ``bound`` is the no-memory bound because offload is allowed):
+        what decides whether searching it can still beat the incumbent."""
+        return max(self.bound, self.order_bound)
 
 
 def _shapes(problem: Problem, split_backward: bool, allowed: tuple[str, ...] | None = None
@@ -633,10 +644,14 @@ def _spaces(problem: Problem, split_backward: bool, fixed: FixedSet,
             continue
         graph = task_graph(problem, split, place)
         free = lower_bound(graph)
-        out.append(_Space(label, place, free if use_offload else memory_bound(graph, free),
-                          min((c.makespan for c in on), default=math.inf), split,
+        held = memory_bound(graph, free)
+        # the start an order-model search has here: offloading schedules count for the
+        # incumbent, but no order model can start from one
+        start = min((c.makespan for c in on if not c.schedule.offloads), default=math.inf)
+        out.append(_Space(label, place, free if use_offload else held, start, split,
                           overrun=_expected_overrun(problem, place, engine),
-                          hinted=any(not c.schedule.offloads for c in on), free_bound=free))
+                          hinted=any(not c.schedule.offloads for c in on), free_bound=free,
+                          order_bound=held))
     if not out:
         raise OptPipeError(f"no fixed schedule on the {' or '.join(allowed or ())} "
                            f"placement fits this budget, so the search has nothing to "
@@ -659,7 +674,7 @@ def _room_first(spaces: list[_Space]) -> list[_Space]:
     if not spaces:
         return spaces
     close = [sp for sp in spaces if sp.best_fixed <= spaces[0].best_fixed * (1 + CLOSE_STARTS)]
-    first = min(close, key=lambda sp: sp.bound)
+    first = min(close, key=lambda sp: sp.order_bound)
     return [first] + [sp for sp in spaces if sp is not first]
 
 
@@ -711,7 +726,7 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
             if offload_model and lb_linear >= incumbent * (1 - 1e-9):
                 offload_model = False                 # it can no longer win: its time
                 order_deadline = deadline             # goes to the order models
-            rest = [sp for sp in order[i + 1:] if sp.bound < incumbent * (1 - 1e-9)]
+            rest = [sp for sp in order[i + 1:] if sp.search_bound < incumbent * (1 - 1e-9)]
             # one stage per device (the model every engine shares) is first given its
             # proof attempt while its no-memory bound leaves it a chance, even when its
             # memory bound does not: its optimum is reported per placement, and at S/2
@@ -720,8 +735,8 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
             # out (the headline preset) the V search uses the time and does improve
             proof_attempt = not sweep and space.label == "linear" and bool(rest) \
                 and space.free_bound < incumbent * (1 - 1e-9) \
-                and space.bound < space.best_fixed * (1 - 1e-9)
-            if space.bound >= incumbent * (1 - 1e-9) and not proof_attempt:
+                and space.search_bound < space.best_fixed * (1 - 1e-9)
+            if space.search_bound >= incumbent * (1 - 1e-9) and not proof_attempt:
                 continue
             if not sweep and space.label != "linear" and \
                     space.best_fixed >= incumbent * (1 - 1e-9) and \
