@@ -371,8 +371,8 @@ def _add_offloaded_starts(problem: Problem, fixed: FixedSet, split_backward: boo
     """Add the fitting offloaded list schedules (:mod:`.offload_starts`) of every placement.
 
     Why: with offload allowed no engine searches the chunked placements, and the tight
-    offload model on one stage per device returns nothing within the minute from
-    4 x 16 on; these plans for a looser budget, fitted by offloading, beat pipeoffload
+    offload model on one stage per device found nothing faster than pipeoffload within
+    the minute from 4 x 16 on (S/2 on the benchmark); these plans for a looser budget, fitted by offloading, beat pipeoffload
     on the benchmark at S/2 (docs/optimizer.md, "Offloaded list schedules"). Only when
     some schedule without offload is faster but does not fit (otherwise offloading
     cannot help). The chunked placements first, factor by factor (they gave every
