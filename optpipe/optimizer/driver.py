@@ -381,9 +381,7 @@ def _add_offloaded_starts(problem: Problem, fixed: FixedSet, split_backward: boo
     """
     from optpipe.optimizer.offload_starts import FACTORS, offloaded_list_schedules
 
-    bar = _bar(fixed, True, split_backward)
-    if bar is None or not any(not c.fits and not c.schedule.offloads
-                              and c.makespan < bar.makespan for c in fixed.candidates):
+    if not _held_back(fixed, _bar(fixed, True, split_backward)):
         return
     linear = linear_placement(problem.devices)
     shapes = _shapes(problem, split_backward, allowed)
@@ -516,12 +514,18 @@ def _resolve_offload(problem: Problem, offload: bool | None, fixed: FixedSet,
     """
     if offload is not None:
         return offload
-    held_back = best_fixed is None or any(
-        not c.fits and c.makespan < best_fixed.makespan * (1 - 1e-9)
-        and not c.schedule.offloads for c in fixed.candidates)
+    held_back = _held_back(fixed, best_fixed)
     if problem.stages * problem.microbatches <= OFFLOAD_AUTO_MAX_CELLS:
         return held_back
     return held_back and _memory_binds_hard(fixed, False, split_backward)
+
+
+def _held_back(fixed: FixedSet, bar: Candidate | None) -> bool:
+    """Does the budget hold the schedule back: is some schedule without offload faster
+    than ``bar`` (the best that fits) but over budget? (Nothing fits: yes.)"""
+    return bar is None or any(not c.fits and not c.schedule.offloads
+                              and c.makespan < bar.makespan * (1 - 1e-9)
+                              for c in fixed.candidates)
 
 
 def _fused_faster(problem: Problem) -> bool:
@@ -585,12 +589,16 @@ class _Space:
     best_fixed: float       # best fitting start on it without offload (inf if none)
     split: bool = True      # backwards modelled as B and W (else fused BW)
     overrun: float = 0.0    # seconds a run on it may go past its limit (expected or seen)
-    hinted: bool = True     # a fitting schedule without offload exists to start a search
     free_bound: float = 0.0  # its no-memory bound (what decides a proof attempt)
     # its memory bound without offload: what ranks placements with equal starts for the
     # order models (:func:`_room_first`), with offload allowed too, where ``bound`` is
     # the no-memory bound of every placement and would rank none ahead
     order_bound: float = 0.0
+
+    @property
+    def hinted(self) -> bool:
+        """A fitting schedule without offload exists here to start a search from."""
+        return math.isfinite(self.best_fixed)
 
     @property
     def search_bound(self) -> float:
@@ -650,8 +658,7 @@ def _spaces(problem: Problem, split_backward: bool, fixed: FixedSet,
         start = min((c.makespan for c in on if not c.schedule.offloads), default=math.inf)
         out.append(_Space(label, place, free if use_offload else held, start, split,
                           overrun=_expected_overrun(problem, place, engine),
-                          hinted=any(not c.schedule.offloads for c in on), free_bound=free,
-                          order_bound=held))
+                          free_bound=free, order_bound=held))
     if not out:
         raise OptPipeError(f"no fixed schedule on the {' or '.join(allowed or ())} "
                            f"placement fits this budget, so the search has nothing to "
