@@ -202,8 +202,8 @@ def _print_table(result: Any, problem: Any) -> None:
 
 def _note(result: Any) -> str:
     from optpipe.units import format_seconds
-    # no engine ran when a schedule met the lower bound first: only the status then
-    parts = ([] if result.engine == "bound" else [result.engine]) + [result.status]
+    # no engine ran (a schedule met the bound, or none could beat it): only the status
+    parts = ([] if result.engine in ("bound", "-") else [result.engine]) + [result.status]
     if result.bound is not None:
         parts.append(f"bound {format_seconds(result.bound)}")
     if result.gap is not None:
