@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Offloaded list schedules against pipeoffload at budget S/2, factor by factor (no search).
+"""Offloaded list schedules against pipeoffload at budget S/2, factor by factor.
 
 Why this script: search revision 11 gives the driver, when offload is allowed, list
 schedules planned for a looser budget and fitted to the real one by offloading
@@ -8,11 +8,13 @@ room above static memory) decides what comes out, and so where ``FACTORS`` comes
 for the benchmark's problems (``bench_solver.bench_problem``: F = B = W = 1 s, p2p
 0.05 s, one activation moved in half an F) at budget S/2, per factor the fastest
 fitting fitted schedule over the chunked placements (every rule and reserve), beside
-pipeoffload and the no-memory lower bound; then the best overall with its placement,
-and the seconds the row took. Nothing is asserted; the table goes to docs/optimizer.md
-between markers.
+pipeoffload and the no-memory lower bound; then CP-SAT's plans for the first
+factors (``offloaded_searched_plan``, ``--searched`` seconds each, on every placement:
+what the driver tries with time its search leaves over); then the best overall with
+its placement, and the seconds the row took. Nothing is asserted but fit; the table
+goes to docs/optimizer.md between markers.
 
-    python scripts/bench_offload_starts.py                 # about six minutes
+    python scripts/bench_offload_starts.py                 # about twelve minutes
     python scripts/bench_offload_starts.py --sizes 8x16 --factors 2,2.5 --no-write
 """
 
@@ -33,10 +35,11 @@ DOC = ROOT / "docs" / "optimizer.md"
 START, END = "<!-- offload-starts:start -->", "<!-- offload-starts:end -->"
 
 
-def row(stages: int, microbatches: int, factors: list[float], placements: list[str]
-        ) -> str:
+def row(stages: int, microbatches: int, factors: list[float], placements: list[str],
+        searched: list[float], seconds_each: float) -> str:
     from optpipe.generators import generate
-    from optpipe.optimizer.offload_starts import offloaded_list_schedules
+    from optpipe.optimizer.offload_starts import (offloaded_list_schedules,
+                                                  offloaded_searched_plan)
     from optpipe.optimizer.preprocess import lower_bound, task_graph
     from optpipe.schedule import searched_placements
     from optpipe.simulator import simulate
@@ -48,11 +51,14 @@ def row(stages: int, microbatches: int, factors: list[float], placements: list[s
     po = simulate(problem, generate("pipeoffload", problem)).makespan
     t0 = time.monotonic()
     cells, best = [], (float("inf"), "")
-    for factor in factors:
+    tries = [(factor, offloaded_list_schedules) for factor in factors] + \
+        [(factor, lambda p, place, split, factor: offloaded_searched_plan(
+            p, place, split, factor, time_limit=seconds_each)) for factor in searched]
+    for factor, make in tries:
         here = float("inf")
         for name in placements:
             place = searched_placements(stages)[name]
-            for schedule in offloaded_list_schedules(problem, place, True, factor):
+            for schedule in make(problem, place, True, factor):
                 result = simulate(problem, schedule)
                 assert result.fits, schedule.name           # the module's promise
                 here = min(here, result.makespan)
@@ -75,24 +81,33 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="4x8,4x16,8x16,4x32,8x32,16x16,16x32",
                     help="benchmark SxM, budget S/2")
-    ap.add_argument("--factors", default="1.5,2,2.25,2.5,2.75,3,4")
+    ap.add_argument("--factors", default="1.5,1.75,2,2.125,2.25,2.375,2.5,2.625,2.75,3,4")
+    ap.add_argument("--searched", default="2.25,2.5",
+                    help="factors for CP-SAT's plans ('' for none)")
+    ap.add_argument("--seconds", type=float, default=5.0,
+                    help="CP-SAT's time per plan and placement")
     ap.add_argument("--placements", default="interleaved,v",
                     help="of linear, v, interleaved (one stage per device never gave "
                          "the fastest on the benchmark)")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
     factors = [float(x) for x in args.factors.split(",")]
+    searched = [float(x) for x in args.searched.split(",") if x]
     placements = [x for x in args.placements.split(",") if x]
+    columns = [f"x{f:g}" for f in factors] + [f"CP-SAT x{f:g}" for f in searched]
     lines = ["| problem | no-memory bound | pipeoffload (gap) | "
-             + " | ".join(f"x{f:g}" for f in factors) + " | best (gap), placement, plan | took |",
-             "|---|---|---|" + "---|" * len(factors) + "---|---|"]
+             + " | ".join(columns) + " | best (gap), placement, plan | took |",
+             "|---|---|---|" + "---|" * len(columns) + "---|---|"]
     for spec in [x for x in args.sizes.split(",") if x]:
         stages, microbatches = (int(v) for v in spec.split("x"))
-        lines.append(row(stages, microbatches, factors, placements))
-    text = ("Measured with `python scripts/bench_offload_starts.py` on 2 CPU cores (no "
-            "search; budget S/2, F = B = W = 1 s, p2p 0.05 s, one activation moved in "
+        lines.append(row(stages, microbatches, factors, placements, searched,
+                         args.seconds))
+    text = ("Measured with `python scripts/bench_offload_starts.py` on 2 CPU cores "
+            "(budget S/2, F = B = W = 1 s, p2p 0.05 s, one activation moved in "
             "half an F; makespans in seconds; x<factor>: the fastest fitted list schedule "
-            f"planned for that many times the room, over {', '.join(placements)}; gap to "
+            f"planned for that many times the room, over {', '.join(placements)}; "
+            f"CP-SAT x<factor>: CP-SAT's plan for that room ({args.seconds:g} s on 2 "
+            "workers per placement), fitted; gap to "
             "the least no-memory bound over the three placements, which is what holds with offload).\n\n"
             + "\n".join(lines))
     publish(text, DOC, START, END, write=not args.no_write)

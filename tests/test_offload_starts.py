@@ -17,8 +17,9 @@ import pytest
 from optpipe.generators import generate
 from optpipe.generators.offload import fit_by_offloading
 from optpipe.optimizer.driver import solve
-from optpipe.optimizer.listsched import list_schedule
-from optpipe.optimizer.offload_starts import FACTORS, offloaded_list_schedules, relaxed
+from optpipe.optimizer.listsched import list_schedule, list_schedules
+from optpipe.optimizer.offload_starts import (FACTORS, offloaded_list_schedules,
+                                              offloaded_searched_plan, relaxed)
 from optpipe.optimizer.preprocess import lower_bound, task_graph
 from optpipe.problem import uniform_problem
 from optpipe.schedule import Op, interleaved_placement, linear_placement, v_placement
@@ -131,3 +132,68 @@ def test_auto_offload_beyond_the_offload_models_size_only_where_memory_binds_har
         best = _best([c for c in fixed.candidates if not c.schedule.offloads])
         assert _resolve_offload(problem, None, fixed, best) is expected, k
         assert _resolve_offload(problem, False, fixed, best) is False
+
+
+def _needs_offload(problem, factor: float = 2.25):
+    """The first list plan for ``factor`` times the room that does not fit ``problem``
+    as it is (one that the fitting must offload)."""
+    plans = [s for s in list_schedules(relaxed(problem, factor), v_placement(4))
+             if not simulate(problem, s).fits]
+    assert plans
+    return plans[0]
+
+
+def test_give_up_at_stops_a_fit_once_a_round_is_that_slow() -> None:
+    """A plan that needs offloading fits without ``give_up_at``; given its own makespan
+    as the bar, the first round (still over budget) already takes that long, so the
+    fitting stops there and returns it unfitted."""
+    problem = half_budget(4, 8)
+    plan = _needs_offload(problem)
+    fitted, result = fit_by_offloading(problem, plan)
+    assert result.fits and fitted.offloads
+    stopped, result = fit_by_offloading(problem, plan,
+                                        give_up_at=simulate(problem, plan).makespan)
+    assert not result.fits and not stopped.offloads
+
+
+def test_a_bar_returns_only_faster_schedules_each_faster_than_the_last() -> None:
+    problem = half_budget(4, 8)
+    place = v_placement(4)
+    free = offloaded_list_schedules(problem, place)
+    assert free
+    slowest = max(simulate(problem, s).makespan for s in free)
+    barred = [simulate(problem, s).makespan
+              for s in offloaded_list_schedules(problem, place, bar=slowest + 1.0)]
+    assert barred and all(b < slowest + 1.0 for b in barred)
+    assert all(later < earlier for earlier, later in zip(barred, barred[1:]))
+    assert offloaded_list_schedules(problem, place, bar=min(barred)) == []
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_searched_plan_fits_the_real_budget(seed: int) -> None:
+    """CP-SAT's plan for the looser budget, fitted: when returned it fits in the
+    simulator, is no faster than the bound, and says how it was planned."""
+    rng = random.Random(seed)
+    problem = random_problem(rng, 4, rng.choice([4, 6]), rng.choice([1.0, 1.5]), 0.05)
+    for shape in ("v", "interleaved"):
+        place = PLACEMENTS[shape](problem.devices)
+        for schedule in offloaded_searched_plan(problem, place, True, 2.25, time_limit=3):
+            result = simulate(problem, schedule)
+            assert result.fits, schedule.name
+            assert result.makespan >= lower_bound(task_graph(problem, True, place)) - 1e-9
+            assert schedule.provenance["planned_by"] == "CP-SAT's order model"
+            assert schedule.name == "cpsat-x2.25"
+
+
+def test_left_over_time_goes_to_searched_plans_4x8_is_proven() -> None:
+    """4 x 8 at S/2 with offload: the offloaded list schedules end at 26.8 s, ahead of
+    every engine's reach, and the time left goes to CP-SAT's plans for the looser
+    budget; the V shape's, fitted by offloading, meets the no-memory bound (25.65 s),
+    so the answer is proven optimal (the tight offload model never came near)."""
+    problem = half_budget(4, 8)
+    result = solve(problem, offload=True, cache=False, time_limit=40, progress=False)
+    assert result.sim.fits and result.schedule.offloads
+    assert result.status == "optimal"
+    assert result.sim.makespan == pytest.approx(25.65)
+    assert result.schedule.provenance["warm_start"].startswith("cpsat-x")
+    assert "CP-SAT's order model planned for" in result.message

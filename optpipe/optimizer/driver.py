@@ -84,8 +84,21 @@ EXTEND_SHARE = 0.25
 EXTEND_SHARE_LARGE = 0.75
 EXTEND_LARGE_SOURCE_CELLS = 512
 #: Share of the time limit for offloaded list schedules (:mod:`.offload_starts`), when
-#: offload is allowed and the budget holds the schedule back (:func:`_add_offloaded_starts`).
+#: offload is allowed and the budget holds the schedule back (:func:`_add_offloaded_starts`)
+#: and binds hard (:func:`_memory_binds_hard`); where it does not bind hard
+#: :data:`OFFLOAD_STARTS_SHARE_SOFT`. Why less there: at budget S the plans either fit at
+#: once (8 x 16 and 16 x 32: the no-memory bound, in 0.2-1.3 s a try) or not at all
+#: (16 x 64: no factor on any placement, 14.5 s of the minute gone, 206.4 s against
+#: 204.3 s without offload); time the search leaves over comes back to them anyway
+#: (:func:`_refine_offloaded`).
 OFFLOAD_STARTS_SHARE = 0.2
+OFFLOAD_STARTS_SHARE_SOFT = 0.08
+#: Time the search leaves over goes to the winning offloaded start's neighbours
+#: (:func:`_refine_offloaded`): CP-SAT's plans get this share of it, each at most
+#: :data:`REFINE_PLAN_SECONDS` (16 x 16 at S/2: optimal for the looser budget in 5-11 s),
+#: the finer factors the rest, then the plans not yet tried whatever is left.
+REFINE_PLAN_SHARE = 0.6
+REFINE_PLAN_SECONDS = 15.0
 DEFAULT_LEVELS = (1.0,)
 FALLBACK = "fallback"
 CACHED = "cached"
@@ -193,7 +206,8 @@ def solve(problem: Problem, *, solver: str = "auto", offload: bool | None = None
     _add_list_schedules(problem, fixed, split_backward, allowed)
     if use_offload:
         _add_offloaded_starts(problem, fixed, split_backward, allowed,
-                              time_limit * OFFLOAD_STARTS_SHARE)
+                              time_limit * (OFFLOAD_STARTS_SHARE if binds
+                                            else OFFLOAD_STARTS_SHARE_SOFT))
     if binds:
         _add_periodic(problem, fixed, split_backward, use_offload,
                       time_limit * PERIODIC_SHARE, threads, allowed)
@@ -216,6 +230,11 @@ def solve(problem: Problem, *, solver: str = "auto", offload: bool | None = None
                               use_offload=use_offload, split_backward=split_backward,
                               levels=levels, progress=live, notes=notes,
                               memory_binds=binds, proven=proven)
+        if use_offload:
+            _refine_offloaded(problem, fixed, runs, split_backward, allowed,
+                              t0 + time_limit, threads, union_bound,
+                              _heartbeat(reporter, t0, fixed, use_offload, split_backward))
+            best_fixed = _bar(fixed, use_offload, split_backward)
     finally:
         if reporter is not None and hasattr(reporter, "close"):
             reporter.close()
@@ -393,7 +412,81 @@ def _add_offloaded_starts(problem: Problem, fixed: FixedSet, split_backward: boo
         if time.monotonic() > deadline:
             return
         _add_fitting(problem, fixed, offloaded_list_schedules(
-            problem, place, split, factor, deadline=deadline), label)
+            problem, place, split, factor, deadline=deadline,
+            bar=_bar_makespan(fixed, split_backward)), label)
+
+
+def _bar_makespan(fixed: FixedSet, split_backward: bool) -> float | None:
+    """The makespan of the best fitting schedule in hand, offloading ones included."""
+    best = _bar(fixed, True, split_backward)
+    return None if best is None else best.makespan
+
+
+def _refine_offloaded(problem: Problem, fixed: FixedSet, runs: list[EngineResult],
+                      split_backward: bool, allowed: tuple[str, ...] | None,
+                      deadline: float, threads: int, bound: float | None,
+                      heartbeat: Callable[[], None] | None) -> None:
+    """Spend the time the search left over on offloaded starts near the one that won:
+    CP-SAT's plans for looser budgets (:data:`~.offload_starts.SEARCHED_FACTORS`) on the
+    chunked placements (the winner's placement first), then list plans for the finer
+    factors on the winner's placement.
+
+    Why: at S/2 with offload the offloaded list schedules are ahead of every engine's
+    reach, so the search ended after 6-24 s of the minute (search revision 11), and the
+    searched plans are often better (``scripts/bench_offload_starts.py``, 5 s each: 4 x 8
+    on the V shape 25.65 s, the no-memory bound, against 26.8 s; 16 x 16 interleaved
+    57.8 s against 59.8 s), though not at every factor (8 x 32: 103.6 s at 2.25 against
+    the list plans' 102.4 s, 101.9 s at 2). On the benchmark at S/2 this took 8 x 16
+    from 53.2 s to 51.95 s and proved 4 x 8 (docs/optimizer.md, search revision 12).
+    CP-SAT's plans get :data:`REFINE_PLAN_SHARE` of the time left, each run at most
+    :data:`REFINE_PLAN_SECONDS`. Only when the answer would be an offloaded start (no
+    engine run beat it), until one meets ``bound``.
+    """
+    from optpipe.optimizer.offload_starts import (FINER_FACTORS, SEARCHED_FACTORS,
+                                                  offloaded_list_schedules,
+                                                  offloaded_searched_plan)
+
+    best = _bar(fixed, True, split_backward)
+    if best is None or "factor" not in best.schedule.provenance or any(
+            r.objective is not None and r.objective < best.makespan * (1 - 1e-9)
+            for r in runs):
+        return
+    won = best.schedule.provenance["placement"]
+    linear = linear_placement(problem.devices)
+    shapes = sorted(_shapes(problem, split_backward, allowed), key=lambda s: s[0] != won)
+    plan_deadline = time.monotonic() + (deadline - time.monotonic()) * REFINE_PLAN_SHARE
+    plans = [(factor, shape) for factor in SEARCHED_FACTORS for shape in shapes
+             if shape[1] != linear]
+
+    def proven() -> bool:
+        now = _bar_makespan(fixed, split_backward)
+        return bound is not None and now is not None and now <= bound * (1 + 1e-9)
+
+    def search_plans(until: float) -> None:
+        while plans and not proven():
+            factor, (label, place, split) = plans[0]
+            limit = min(until - time.monotonic(), REFINE_PLAN_SECONDS) \
+                - _expected_overrun(problem, place, "cpsat")
+            if limit < max(1.0, _build_seconds(problem)):
+                return
+            plans.pop(0)
+            _add_fitting(problem, fixed, offloaded_searched_plan(
+                problem, place, split, factor, time_limit=limit, threads=threads,
+                bar=_bar_makespan(fixed, split_backward)), label)
+            if heartbeat:
+                heartbeat()
+
+    search_plans(plan_deadline)
+    _, place, split = shapes[0]
+    for finer in FINER_FACTORS:
+        if time.monotonic() > deadline or proven():
+            return
+        _add_fitting(problem, fixed, offloaded_list_schedules(
+            problem, place, split, finer, deadline=deadline,
+            bar=_bar_makespan(fixed, split_backward)), won)
+        if heartbeat:
+            heartbeat()
+    search_plans(deadline)           # what the finer factors left: the plans not tried
 
 
 def _add_periodic(problem: Problem, fixed: FixedSet, split_backward: bool,
@@ -1074,8 +1167,8 @@ def _what(candidate: Candidate) -> str:
     optimizer's own warm starts (list schedules, periodic blocks, extensions)."""
     prov = candidate.schedule.provenance
     own = prov.get("source") == "optimizer"
-    how = (f" (a list schedule planned for {prov['planned_for']}, fitted by offloading)"
-           if "planned_for" in prov else "")
+    how = (f" ({prov.get('planned_by', 'a list schedule')} planned for "
+           f"{prov['planned_for']}, fitted by offloading)" if "planned_for" in prov else "")
     return f"{'warm start' if own else 'fixed schedule'} {candidate.name}{how}"
 
 
