@@ -14,7 +14,7 @@ what the driver tries with time its search leaves over); then the best overall w
 its placement, and the seconds the row took. Nothing is asserted but fit; the table
 goes to docs/optimizer.md between markers.
 
-    python scripts/bench_offload_starts.py                 # about twelve minutes
+    python scripts/bench_offload_starts.py                 # about nine minutes
     python scripts/bench_offload_starts.py --sizes 8x16 --factors 2,2.5 --no-write
 """
 

@@ -435,7 +435,7 @@ def _refine_offloaded(problem: Problem, fixed: FixedSet, runs: list[EngineResult
     reach, so the search ended after 6-24 s of the minute (search revision 11), and the
     searched plans are often better (``scripts/bench_offload_starts.py``, 5 s each: 4 x 8
     on the V shape 25.65 s, the no-memory bound, against 26.8 s; 16 x 16 interleaved
-    57.8 s against 59.8 s), though not at every factor (8 x 32: 103.6 s at 2.25 against
+    58.05 s against 59.8 s, 57.8 s given the driver's 15 s), though not at every factor (8 x 32: 103.6 s at 2.25 against
     the list plans' 102.4 s, 101.9 s at 2). On the benchmark at S/2 this took 8 x 16
     from 53.2 s to 51.95 s and proved 4 x 8 (docs/optimizer.md, search revision 12).
     CP-SAT's plans get :data:`REFINE_PLAN_SHARE` of the time left, each run at most
