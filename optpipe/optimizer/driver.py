@@ -477,13 +477,13 @@ def _refine_offloaded(problem: Problem, fixed: FixedSet, runs: list[EngineResult
                 heartbeat()
 
     search_plans(plan_deadline)
-    _, place, split = shapes[0]
+    label, place, split = shapes[0]                  # the winner's placement
     for finer in FINER_FACTORS:
         if time.monotonic() > deadline or proven():
             return
         _add_fitting(problem, fixed, offloaded_list_schedules(
             problem, place, split, finer, deadline=deadline,
-            bar=_bar_makespan(fixed, split_backward)), won)
+            bar=_bar_makespan(fixed, split_backward)), label)
         if heartbeat:
             heartbeat()
     search_plans(deadline)           # what the finer factors left: the plans not tried

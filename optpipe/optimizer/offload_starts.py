@@ -30,7 +30,6 @@ from optpipe.generators.offload import fit_by_offloading
 from optpipe.optimizer.listsched import list_schedules
 from optpipe.problem import Problem
 from optpipe.schedule import Schedule
-from optpipe.simulator import simulate
 
 #: The looser budgets planned for, as multiples of the room above static memory, in
 #: the order they are tried. On the benchmark at S/2 (by hand: every placement, rule and
@@ -51,9 +50,10 @@ FACTORS = (2.25, 2.5, 2.0, 2.75, 3.0)
 SEARCHED_FACTORS = (2.25, 2.0, 1.75, 2.5)
 
 #: Factors between and below the list plans', tried with time the search leaves over, on the
-#: placement whose offloaded start won (the driver's ``_refine_offloaded``). By hand
-#: (2026-12-01) 2.125 gave 8 x 32 at S/2 102.1 s against 102.4 s, 2.375 gave 16 x 32
-#: 106.0 s against 106.1 s: small gains, so only where the time is free.
+#: placement whose offloaded start won (the driver's ``_refine_offloaded``).
+#: ``python scripts/bench_offload_starts.py``: 2.125 gave 8 x 32 at S/2 102.1 s against
+#: 102.4 s, 2.375 gave 16 x 32 106.0 s against 106.1 s: small gains, so only where the
+#: time is free.
 FINER_FACTORS = (2.125, 2.375, 1.75, 2.625)
 
 
@@ -103,14 +103,14 @@ def offloaded_searched_plan(problem: Problem, placement: Sequence[int],
     where the link has time to spare the fitting keeps it (16 x 16 at S/2, interleaved:
     57.8 s, 0.09% above the no-memory bound, against the list plans' 59.8 s); where the
     link is the limit the tighter plan leaves transfers less room and fits slower (8 x
-    32: 103.6 s against 102.4 s; by hand, 2026-12-01). The simulator decides, so such a
+    32: 103.6 s against 102.4 s; both from ``scripts/bench_offload_starts.py``). The simulator decides, so such a
     plan costs only its search time.
     """
     from optpipe.optimizer.cpsat import solve_cpsat
 
     loose = relaxed(problem, factor)
+    # solve_cpsat keeps the fastest hint that fits (its _pick_hint simulates each)
     hints = list_schedules(loose, placement, split_backward)
-    hints.sort(key=lambda s: simulate(loose, s).makespan)
     run = solve_cpsat(loose, warm_start=hints, time_limit=time_limit, threads=threads,
                       split_backward=split_backward, placement=list(placement))
     if run.schedule is None:
