@@ -232,6 +232,25 @@ def test_periodic_blocks_start_the_search_when_memory_binds_hard() -> None:
     assert not [c for c in loose.fixed if c.name.startswith("periodic-")]
 
 
+def test_no_proof_attempt_for_one_stage_per_device_where_it_cannot_win_at_budget_s() -> None:
+    """Where memory does not bind hard, one stage per device is not given its proof
+    attempt once its memory bound is no better than a fitting start on another
+    placement: that time goes to the chunked search (search revision 13). Its bound is
+    still reported, and still counted."""
+    problem = uniform_problem(4, 16, p2p=0.05, activation=1000).activation_budget(4)
+    result = solve(problem, time_limit=10, progress=False, offload=False, cache=False)
+    linear_bound = memory_bound(task_graph(problem))
+    chunked = [c.makespan for c in result.fixed
+               if c.fits and list(c.schedule.placement) != list(range(4))]
+    assert not any(c.name.startswith("periodic-") for c in result.fixed)  # binds softly
+    assert min(chunked) <= linear_bound            # so it cannot win
+    assert not [r for r in result.runs if r.extra.get("space") == "linear"]
+    assert [r for r in result.runs if r.extra.get("space") != "linear"]
+    linear = next(p for p in result.placements if p["placement"] == "linear")
+    assert linear["bound"] >= linear_bound - 1e-9
+    assert result.sim.fits and result.sim.makespan <= min(chunked) + 1e-9
+
+
 def test_a_chunked_answer_on_an_even_split_says_it_is_an_estimate() -> None:
     """Uneven stages and no measured cut of the answer's placement: the figures are an
     even split of each device's, and the result says so; with the cut, or with

@@ -37,13 +37,15 @@ _PACKAGE = Path(__file__).resolve().parent.parent
 #: the chunked placements packed by time windows after a tenth of the time; 10: list
 #: schedules on every placement as warm starts; 11: with offload, list schedules planned
 #: for a looser budget and fitted by offloading; 12: with offload, time the search
-#: leaves over goes to CP-SAT's plans for the looser budget and finer factors). A cached
+#: leaves over goes to CP-SAT's plans for the looser budget and finer factors; 13: where
+#: memory does not bind hard, one stage per device gets no proof attempt once its memory
+#: bound rules it out, and the chunked placements have that time). A cached
 #: schedule from an older search that was not proven optimal is solved again: the same
 #: problem and time limit may now give a faster one. Not bumped for the warm-up memory
 #: bound (2026-12-01): it proves more but searches the same way (the window search
 #: still keys on the round trip), so a cached answer would come back no faster; its
 #: stored bound is true, only weaker.
-SEARCH_REVISION = 12
+SEARCH_REVISION = 13
 
 
 def cache_dir() -> Path:
