@@ -185,15 +185,36 @@ def test_a_searched_plan_fits_the_real_budget(seed: int) -> None:
             assert schedule.name == "cpsat-x2.25"
 
 
-def test_left_over_time_goes_to_searched_plans_4x8_is_proven() -> None:
+def test_cpsat_plan_for_a_looser_budget_fits_4x8_at_the_no_memory_bound() -> None:
+    """4 x 8 at S/2 on the V shape: CP-SAT's plan for 2.25 times the room, fitted by
+    offloading, meets the no-memory bound (25.65 s), where the list plans end at 26.8 s.
+    One worker: CP-SAT then proves the looser problem in about 4 s, the same way each
+    time (with two workers it took 3.6-11.8 s, the driver below gives it at most 15 s)."""
+    problem = half_budget(4, 8)
+    plans = offloaded_searched_plan(problem, v_placement(4), True, 2.25, time_limit=60,
+                                    threads=1)
+    assert [s.name for s in plans] == ["cpsat-x2.25"]
+    result = simulate(problem, plans[0])
+    assert result.fits and plans[0].offloads
+    assert result.makespan == pytest.approx(25.65)
+    assert result.makespan >= lower_bound(task_graph(problem, True, v_placement(4))) - 1e-9
+
+
+def test_left_over_time_goes_to_searched_plans_4x8() -> None:
     """4 x 8 at S/2 with offload: the offloaded list schedules end at 26.8 s, ahead of
     every engine's reach, and the time left goes to CP-SAT's plans for the looser
-    budget; the V shape's, fitted by offloading, meets the no-memory bound (25.65 s),
-    so the answer is proven optimal (the tight offload model never came near)."""
+    budget. The answer is never behind the list plans, and it is `optimal` exactly when
+    it meets the no-memory bound (25.65 s, which the V shape's plan reaches when CP-SAT
+    finds it within its share: 3 of 3 runs by hand, not every CI run, so it is not
+    asserted here; the test above checks the plan itself)."""
     problem = half_budget(4, 8)
+    list_best = min(simulate(problem, s).makespan for shape in ("v", "interleaved")
+                    for s in offloaded_list_schedules(
+                        problem, PLACEMENTS[shape](4), True, 2.25))
     result = solve(problem, offload=True, cache=False, time_limit=40, progress=False)
     assert result.sim.fits and result.schedule.offloads
-    assert result.status == "optimal"
-    assert result.sim.makespan == pytest.approx(25.65)
-    assert result.schedule.provenance["warm_start"].startswith("cpsat-x")
-    assert "CP-SAT's order model planned for" in result.message
+    assert result.sim.makespan <= list_best + 1e-9
+    assert (result.status == "optimal") == (result.sim.makespan <= 25.65 + 1e-9)
+    warm = result.schedule.provenance.get("warm_start") or ""
+    if warm.startswith("cpsat-x"):
+        assert "CP-SAT's order model planned for" in result.message
