@@ -31,6 +31,8 @@ sys.path.insert(0, str(ROOT))
 from bench_solver import bench_problem  # noqa: E402
 from docblock import publish  # noqa: E402
 
+from optpipe.optimizer.offload_starts import SEARCHED_FACTORS  # noqa: E402
+
 DOC = ROOT / "docs" / "optimizer.md"
 START, END = "<!-- offload-starts:start -->", "<!-- offload-starts:end -->"
 
@@ -82,8 +84,9 @@ def main() -> int:
     ap.add_argument("--sizes", default="4x8,4x16,8x16,4x32,8x32,16x16,16x32",
                     help="benchmark SxM, budget S/2")
     ap.add_argument("--factors", default="1.5,1.75,2,2.125,2.25,2.375,2.5,2.625,2.75,3,4")
-    ap.add_argument("--searched", default="2.25,2.5",
-                    help="factors for CP-SAT's plans ('' for none)")
+    ap.add_argument("--searched", default=",".join(f"{f:g}" for f in sorted(SEARCHED_FACTORS)),
+                    help="factors for CP-SAT's plans ('' for none; default: the "
+                         "driver's SEARCHED_FACTORS)")
     ap.add_argument("--seconds", type=float, default=5.0,
                     help="CP-SAT's time per plan and placement")
     ap.add_argument("--placements", default="interleaved,v",
