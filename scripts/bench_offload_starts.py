@@ -8,13 +8,13 @@ room above static memory) decides what comes out, and so where ``FACTORS`` comes
 for the benchmark's problems (``bench_solver.bench_problem``: F = B = W = 1 s, p2p
 0.05 s, one activation moved in half an F) at budget S/2, per factor the fastest
 fitting fitted schedule over the chunked placements (every rule and reserve), beside
-pipeoffload and the no-memory lower bound; then CP-SAT's plans for the first
-factors (``offloaded_searched_plan``, ``--searched`` seconds each, on every placement:
-what the driver tries with time its search leaves over); then the best overall with
+pipeoffload and the no-memory lower bound; then CP-SAT's plans for the driver's
+``SEARCHED_FACTORS`` (``offloaded_searched_plan``, ``--seconds`` each, on every
+placement: what the driver tries with time its search leaves over); then the best overall with
 its placement, and the seconds the row took. Nothing is asserted but fit; the table
 goes to docs/optimizer.md between markers.
 
-    python scripts/bench_offload_starts.py                 # about nine minutes
+    python scripts/bench_offload_starts.py                 # about twelve minutes
     python scripts/bench_offload_starts.py --sizes 8x16 --factors 2,2.5 --no-write
 """
 
@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,9 +54,9 @@ def row(stages: int, microbatches: int, factors: list[float], placements: list[s
     po = simulate(problem, generate("pipeoffload", problem)).makespan
     t0 = time.monotonic()
     cells, best = [], (float("inf"), "")
+    searched_plan = partial(offloaded_searched_plan, time_limit=seconds_each)
     tries = [(factor, offloaded_list_schedules) for factor in factors] + \
-        [(factor, lambda p, place, split, factor: offloaded_searched_plan(
-            p, place, split, factor, time_limit=seconds_each)) for factor in searched]
+        [(factor, searched_plan) for factor in searched]
     for factor, make in tries:
         here = float("inf")
         for name in placements:
