@@ -17,8 +17,12 @@ from ortools.sat.python import cp_model
 
 from optpipe.optimizer.cpsat import (_extract, _pick_hint, build_order_model, make_hint,
                                      make_ticks, new_solver, solve_cpsat)
-from optpipe.optimizer.decompose import _window_start, idle_gaps, time_window_search
-from optpipe.optimizer.preprocess import fixed_schedules, lower_bound, memory_bounds
+from optpipe.optimizer.decompose import (TIME_WINDOW_GROWTH, _next_width, _Stepper,
+                                         _window_start, idle_gaps, pinned_windows,
+                                         time_window_search)
+from optpipe.optimizer.preprocess import (earliest_starts, fixed_schedules, graph_placement,
+                                          latest_starts, lower_bound, memory_bounds,
+                                          memory_implied_orders)
 from optpipe.optimizer.result import FEASIBLE, OPTIMAL
 from optpipe.problem import Problem, uniform_problem
 from optpipe.schedule import searched_placements
@@ -39,12 +43,14 @@ def start_of(problem: Problem, placement: list[int] | None):
     return ticks, _pick_hint(problem, ticks, False, (1.0,), pool)
 
 
-def solve_window(problem: Problem, ticks, best, free: set, compact: bool) -> int:
-    """Optimal makespan (ticks) with ``free`` unpinned, with or without the constants."""
+def solve_window(problem: Problem, ticks, best, free: set, compact: bool,
+                 windows: dict | None = None) -> int:
+    """Optimal makespan (ticks) with ``free`` unpinned, with or without the constants
+    (and with ``windows``, the start variables' narrowed domains, if given)."""
     fixed = [[k for k in seq if k not in free] for seq in best.order]
     builder, handles = build_order_model(problem, ticks, best.makespan, 0, best,
                                          fixed_order=fixed,
-                                         free=free if compact else None)
+                                         free=free if compact else None, windows=windows)
     builder.add_hints()
     solver = new_solver(30, 2)
     assert solver.solve(builder.model) == cp_model.OPTIMAL
@@ -77,6 +83,55 @@ def test_the_compact_window_model_has_the_full_models_optimum(seed: int, shape: 
     assert 0 < len(free) < len(keys)
     assert solve_window(problem, ticks, best, free, True) == \
         solve_window(problem, ticks, best, free, False)
+
+
+@pytest.mark.parametrize("seed,shape", [(0, "linear"), (2, "v"), (4, "interleaved")])
+def test_pinned_windows_hold_the_start_and_cut_off_no_optimum(seed: int, shape: str) -> None:
+    """The time windows a step's tasks get from the pinned orders (and the frozen
+    tasks before the window) must hold the schedule the step starts from, and the step
+    must prove the same optimum with them as without them."""
+    rng = random.Random(seed)
+    stages = 4 if shape == "linear" else 3
+    budget = 4.0 if shape == "interleaved" else rng.choice([1.0, 1.5, 2.0])
+    problem = uneven(rng, stages, 8 if shape == "interleaved" else rng.choice([6, 8]),
+                     budget)
+    placement = None if shape == "linear" else searched_placements(stages)[shape]
+    ticks, best = start_of(problem, placement)
+    keys = [k for seq in best.order for k in seq]
+    times = sorted(best.times[k][0] for k in keys)
+    at, until = times[len(times) // 3], times[2 * len(times) // 3]
+    free = {k for k in keys if at <= best.times[k][0] < until}
+    pinned = [[k for k in seq if k not in free] for seq in best.order]
+    implied = memory_implied_orders(problem, True, graph_placement(ticks.graph))
+    windows = pinned_windows(ticks.graph, best, pinned, free, implied, at)
+    assert set(windows) == set(ticks.graph.keys)
+    for k, (least, latest) in windows.items():
+        assert least <= best.times[k][0] <= latest, k
+        if k not in free and best.times[k][1] <= at:
+            assert least == latest == best.times[k][0]          # frozen
+    # tighter than the graph's own windows, which ignore the device orders
+    es, ls = earliest_starts(ticks.graph), latest_starts(ticks.graph, best.makespan)
+    assert any(windows[k][1] - windows[k][0] < ls[k] - es[k] for k in keys
+               if k not in free and best.times[k][1] > at)
+    assert solve_window(problem, ticks, best, free, True, windows) == \
+        solve_window(problem, ticks, best, free, True)
+
+
+def test_time_windows_widen_when_proven_quickly_and_narrow_when_out_of_time() -> None:
+    """The width rule of the time-window search, on a real stepper's record of its
+    last step: proven in under half the step limit -> wider (up to the widest); not
+    proven -> narrower (down to the narrowest); proven but slowly -> the same."""
+    problem = uniform_problem(4, 8, p2p=0.05).activation_budget(4)
+    ticks, _ = start_of(problem, None)
+    stepper = _Stepper(problem, ticks, 0, time.monotonic() + 10, 2, 6.0)
+    stepper.proven, stepper.seconds = True, 1.0
+    assert _next_width(100, stepper, 50, 800) == int(100 * TIME_WINDOW_GROWTH)
+    assert _next_width(700, stepper, 50, 800) == 800
+    stepper.proven, stepper.seconds = True, 4.0
+    assert _next_width(100, stepper, 50, 800) == 100
+    stepper.proven, stepper.seconds = False, 6.0
+    assert _next_width(100, stepper, 50, 800) == int(100 / TIME_WINDOW_GROWTH)
+    assert _next_width(60, stepper, 50, 800) == 50
 
 
 @pytest.mark.parametrize("shape", ["linear", "v"])

@@ -251,6 +251,29 @@ def test_no_proof_attempt_for_one_stage_per_device_where_it_cannot_win_at_budget
     assert result.sim.fits and result.sim.makespan <= min(chunked) + 1e-9
 
 
+def test_the_first_chunked_placement_keeps_the_time_the_others_would_not_use() -> None:
+    """At budget S on 8 x 16 the interleaved chunks start no better than the best
+    fitting start (their own, 0.2% ahead of the V shape's, whose lower memory bound
+    puts it first), so after the V shape's run they wait for the second sweep, where
+    the V shape comes first again: the V shape gets the whole search in one run, not
+    70% and then a restart (search revision 14)."""
+    from optpipe.schedule import searched_placements
+
+    problem = uniform_problem(8, 16, p2p=0.05, activation=1000,
+                              freed_by_b=500).activation_budget(8)
+    result = solve(problem, time_limit=15, progress=False, offload=False, cache=False)
+    shapes = searched_placements(8)
+
+    def start_on(shape: str) -> float:
+        return min(c.makespan for c in result.fixed
+                   if c.fits and list(c.schedule.placement) == shapes[shape])
+    best_start = min(c.makespan for c in result.fixed if c.fits)
+    assert start_on("interleaved") <= best_start + 1e-9 < start_on("v")
+    chunked = [r.extra["space"] for r in result.runs if r.extra.get("space") != "linear"]
+    assert chunked == ["v"]
+    assert result.sim.fits and result.sim.makespan <= best_start + 1e-9
+
+
 def test_a_chunked_answer_on_an_even_split_says_it_is_an_estimate() -> None:
     """Uneven stages and no measured cut of the answer's placement: the figures are an
     even split of each device's, and the result says so; with the cut, or with

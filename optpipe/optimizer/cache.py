@@ -39,13 +39,15 @@ _PACKAGE = Path(__file__).resolve().parent.parent
 #: for a looser budget and fitted by offloading; 12: with offload, time the search
 #: leaves over goes to CP-SAT's plans for the looser budget and finer factors; 13: where
 #: memory does not bind hard, one stage per device gets no proof attempt once its memory
-#: bound rules it out, and the chunked placements have that time). A cached
+#: bound rules it out, and the chunked placements have that time; 14: window steps
+#: with the pinned tasks' time windows, time windows that widen while CP-SAT proves
+#: them quickly, and no proof attempt after them that could not start in time). A cached
 #: schedule from an older search that was not proven optimal is solved again: the same
 #: problem and time limit may now give a faster one. Not bumped for the warm-up memory
 #: bound (2026-12-01): it proves more but searches the same way (the window search
 #: still keys on the round trip), so a cached answer would come back no faster; its
 #: stored bound is true, only weaker.
-SEARCH_REVISION = 13
+SEARCH_REVISION = 14
 
 
 def cache_dir() -> Path:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Collection, Sequence
+from typing import TYPE_CHECKING, Any, Collection, Mapping, Sequence
 
 from ortools.sat.python import cp_model
 
@@ -238,15 +238,23 @@ def _memory_units(problem: Problem, s: int, levels: Sequence[float] = ()
 
 
 def _base_vars(b: _Builder, g: TaskGraph, horizon: int, lower: int,
-               hint: Hint | None) -> tuple[dict[Key, Any], dict[Key, Any], Any]:
-    """Start variables with time windows, fixed-size intervals, makespan."""
+               hint: Hint | None, windows: Mapping[Key, tuple[int, int]] | None = None
+               ) -> tuple[dict[Key, Any], dict[Key, Any], Any]:
+    """Start variables with time windows, fixed-size intervals, makespan.
+
+    ``windows`` (ticks, per task: least and latest start) narrow the graph's own time
+    windows; the caller vouches that they cut off no schedule of the model within
+    ``horizon`` (a window step's, :func:`~.decompose.pinned_windows`)."""
     es = earliest_starts(g)
     ls = latest_starts(g, horizon)
     start: dict[Key, Any] = {}
     interval: dict[Key, Any] = {}
     for k in g.keys:
         name = f"{k[0].value}_{k[1]}_{k[2]}"
-        start[k] = b.int_var(es[k], ls[k], name, hint.times[k][0] if hint else None)
+        lo, hi = es[k], ls[k]
+        if windows is not None and k in windows:
+            lo, hi = max(lo, windows[k][0]), min(hi, windows[k][1])
+        start[k] = b.int_var(lo, hi, name, hint.times[k][0] if hint else None)
         interval[k] = b.model.new_fixed_size_interval_var(start[k], int(g.duration[k]),
                                                           "i" + name)
     mk_hint = hint.makespan if hint else None
@@ -269,7 +277,9 @@ def build_order_model(problem: Problem, ticks: Ticks, horizon: int, lower: int,
                       hint: Hint | None,
                       fixed_order: Sequence[Sequence[Key]] | None = None,
                       cuts: "PrefixCuts | None" = None,
-                      free: Collection[Key] | None = None) -> tuple[_Builder, _Vars]:
+                      free: Collection[Key] | None = None,
+                      windows: Mapping[Key, tuple[int, int]] | None = None
+                      ) -> tuple[_Builder, _Vars]:
     """The no-offload model: memory decided by the order of compute on each device.
 
     ``fixed_order`` (per device, tasks in order) pins the relative order of those tasks;
@@ -280,13 +290,14 @@ def build_order_model(problem: Problem, ticks: Ticks, horizon: int, lower: int,
     problem (at 8 x 64 on the V shape CP-SAT's presolve alone took 5.8 s of a 6 s
     step). ``cuts`` (:mod:`.prefix`) add what smaller problems proved: least distances
     between the first stage's forwards, and the least time from one of them to the end.
+    ``windows`` narrow the start variables' domains (:func:`_base_vars`).
     """
     if free is not None and (fixed_order is None or hint is None):
         raise ValueError("free tasks need the pinned orders and the hint they come from")
     b = _Builder()
     g = ticks.graph
     dur = g.duration
-    start, _, makespan = _base_vars(b, g, horizon, lower, hint)
+    start, _, makespan = _base_vars(b, g, horizon, lower, hint, windows)
     for seq in fixed_order or ():
         for p, k in zip(seq, seq[1:]):
             b.model.add(start[k] >= start[p] + int(dur[p]))
@@ -836,6 +847,7 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
         lower = max(lower, int(math.ceil(cuts.makespan_bound(problem.microbatches)
                                          * ticks.scale - 1e-6)))
     lower = min(lower, horizon)
+    began = time.monotonic()
     if offload:
         builder, handles = build_tight_model(problem, ticks, horizon, lower, hint, levels)
     else:
@@ -854,7 +866,9 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
         decompose = (not by_time and memory_binds and problem.microbatches >= 2 * WINDOW
                      and large)
     full_share = FULL_SHARE if decompose else TIME_FULL_SHARE if by_time else 1.0
-    solver = new_solver(max(0.1, (deadline - time.monotonic()) * full_share), threads)
+    built = time.monotonic() - began
+    first_limit = max(0.1, (deadline - time.monotonic()) * full_share)
+    solver = new_solver(first_limit, threads)
     params = solver.parameters
     params.relative_gap_limit = max(0.0, gap)
     params.log_search_progress = log
@@ -862,7 +876,11 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
         params.fix_variables_to_their_hinted_value = True
     reporter = _Reporter(ticks.scale, progress, t0)
     solver.best_bound_callback = reporter.on_bound
+    solving = time.monotonic()
     code = solver.solve(builder.model, reporter)
+    # what a second run of the full model costs before it can stop: building it, and
+    # how far past its limit the first ran (its load is not interruptible)
+    full_model_start = built + max(0.0, time.monotonic() - solving - first_limit)
     wall = time.monotonic() - t0
     extra: dict[str, Any] = {"tick_seconds": 1.0 / ticks.scale, "exact_ticks": ticks.exact,
                              "model": "tight" if offload else "order",
@@ -919,11 +937,13 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
             extra.update(window_steps=stats.steps, window_improvements=stats.improvements,
                          window_final=stats.window)
         else:
-            timed, stats = time_window_search(problem, ticks, timed, **common)
+            timed, stats = time_window_search(problem, ticks, timed, **common,
+                                              proof_seconds=full_model_start)
             extra.update(time_window_steps=stats.steps,
                          time_window_improvements=stats.improvements,
                          time_window_ticks=stats.window)
-            if timed.makespan > best_bound and deadline - time.monotonic() > 1:
+            if timed.makespan > best_bound and \
+                    deadline - time.monotonic() > 1 + full_model_start:
                 timed, closing_bound, extra["closing_run"], proven = _closing_run(
                     problem, ticks, timed, lower, cuts, deadline, threads)
                 best_bound = max(best_bound, closing_bound)

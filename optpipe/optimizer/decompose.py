@@ -13,6 +13,8 @@ CP-SAT re-place the window. Two kinds of window:
   around some device's idle gap, on every device (the V shape and interleaved chunks,
   every budget): at budget S what is left there is packing every device's warm-up and
   cool-down tightly, which is local in time and spans all microbatches in flight.
+  The stretch widens while CP-SAT proves its windows quickly and narrows when it
+  runs out of time.
 
 Every accepted step is a complete schedule of the full model (re-timed ASAP like the
 simulator), so the result is valid whenever the search stops; the full model's lower
@@ -24,7 +26,7 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass
-from typing import Any, Collection
+from typing import Any, Collection, Iterable, Sequence
 
 from ortools.sat.python import cp_model
 
@@ -39,6 +41,15 @@ TIME_WINDOW_TASKS = 32
 #: CP-SAT's limit per time-window step (s); with 32 tasks, 6 s beat 4 s (by hand, V at
 #: budget S, 60 s: 8 x 16 52.6 against 52.75 s, 8 x 32 100.6 against 100.8 s).
 TIME_STEP_LIMIT = 6.0
+#: A time window grows by this factor after a step that proved its window holds no
+#: shorter schedule in under half its limit (the neighbourhood is exhausted, so look
+#: wider), and shrinks by it after a step that ran to its limit without one; between
+#: :data:`TIME_WINDOW_RANGE` times the first width. Why: with the pinned tasks' time
+#: windows (:func:`pinned_windows`) most steps at 16 stages prove in a fraction of a
+#: second, and windows of 32 tasks then stall (16 x 64 at S, interleaved, CP-SAT alone
+#: for 60 s, one run each: 206.4 s at a fixed width, 203.6 s growing; docs/optimizer.md).
+TIME_WINDOW_GROWTH = 1.5
+TIME_WINDOW_RANGE = (0.5, 8.0)
 #: Steps in a row without a shorter schedule after which the time-window search stops
 #: and leaves the rest of the time to the full model's proof: where the answer was
 #: optimal all along, only the full model can show it.
@@ -64,10 +75,17 @@ class _Stepper:
 
     def __init__(self, problem: Problem, ticks: Any, lower: int, deadline: float,
                  threads: int, step_limit: float) -> None:
+        from optpipe.optimizer.preprocess import graph_placement, memory_implied_orders
+
         self.problem, self.ticks, self.lower = problem, ticks, lower
         self.deadline, self.threads, self.step_limit = deadline, threads, step_limit
         self.build_time = 0.0
         self.overrun = 0.0
+        self.implied = memory_implied_orders(problem, ticks.graph.split_backward,
+                                             graph_placement(ticks.graph))
+        # the last step: did CP-SAT prove its window, and in how many seconds
+        self.proven = False
+        self.seconds = 0.0
 
     def room(self) -> bool:
         """Is there time to build and run one more step?"""
@@ -82,17 +100,17 @@ class _Stepper:
         they start before every free task, so their ASAP times cannot fall (a free task
         put before one can only delay it), and fixing them spares CP-SAT's presolve
         the propagation along their chains (at 8 x 64 on the V shape, 3.1 s -> 1.0 s).
+        Every other task starts within its :func:`pinned_windows`.
         """
         from optpipe.optimizer.cpsat import _extract, build_order_model, make_hint, new_solver
 
         fixed = [[k for k in seq if k not in free] for seq in best.order]
         t_build = time.monotonic()
+        windows = pinned_windows(self.ticks.graph, best, fixed, free, self.implied,
+                                 frozen_before)
         builder, handles = build_order_model(self.problem, self.ticks, best.makespan,
-                                             self.lower, best, fixed_order=fixed, free=free)
-        if frozen_before is not None:
-            for k, var in handles.start.items():
-                if k not in free and best.times[k][1] <= frozen_before:
-                    builder.model.add(var == best.times[k][0])
+                                             self.lower, best, fixed_order=fixed, free=free,
+                                             windows=windows)
         builder.add_hints()
         self.build_time = max(self.build_time, time.monotonic() - t_build)
         left = self.deadline - time.monotonic() - self.overrun
@@ -102,11 +120,68 @@ class _Stepper:
         solver = new_solver(limit, self.threads)
         t_solve = time.monotonic()
         code = solver.solve(builder.model)
-        self.overrun = max(self.overrun, time.monotonic() - t_solve - limit)
+        self.seconds = time.monotonic() - t_solve
+        self.proven = code == cp_model.OPTIMAL
+        self.overrun = max(self.overrun, self.seconds - limit)
         stats.steps += 1
         if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             return None
         return make_hint(_extract(self.problem, solver, handles, offload=False), self.ticks)
+
+
+def pinned_windows(graph: Any, best: Any, pinned: Sequence[Sequence[Any]],
+                   free: Collection[Any], implied: Iterable[tuple[Any, Any]],
+                   frozen_before: int | None) -> dict[Any, tuple[int, int]]:
+    """Least and latest start (ticks) of every task in a window step that ends by
+    ``best.makespan``: longest paths over the dependencies, the FIFO chains, the orders
+    memory implies and the pinned orders (``pinned``: per device, the tasks outside
+    ``free`` in their order), with the tasks that end by ``frozen_before`` at their
+    times in ``best``.
+
+    Why: those orders are constraints of the step's model, so these windows cut off
+    none of its schedules, but the graph's own windows ignore the device orders, and
+    CP-SAT's presolve then spent nearly all of a step propagating thousands of pinned
+    tasks' chains: at 16 x 64 on interleaved chunks (budget S), a window in the
+    warm-up took 5.5 s of its 6 s before the first schedule and about 0.3 s with
+    these windows, the same optimum (by hand, 2026-12-01).
+    """
+    dur = graph.duration
+    succ: dict[Any, list[tuple[Any, int]]] = {k: [] for k in graph.keys}
+    indeg = {k: 0 for k in graph.keys}
+
+    def edge(a: Any, b: Any, lag: int) -> None:
+        succ[a].append((b, lag))
+        indeg[b] += 1
+    for k, preds in graph.deps.items():
+        for p, lag in preds:
+            edge(p, k, int(lag))
+    for seq in list(graph.chains) + [list(seq) for seq in pinned]:
+        for a, b in zip(seq, seq[1:]):
+            edge(a, b, 0)
+    for a, b in implied:
+        edge(a, b, 0)
+    ready = [k for k in graph.keys if indeg[k] == 0]
+    topo: list[Any] = []
+    while ready:
+        k = ready.pop()
+        topo.append(k)
+        for n, _ in succ[k]:
+            indeg[n] -= 1
+            if indeg[n] == 0:
+                ready.append(n)
+    frozen = set() if frozen_before is None else {
+        k for k in graph.keys if k not in free and best.times[k][1] <= frozen_before}
+    least = {k: 0 for k in graph.keys}
+    for k in topo:
+        if k in frozen:
+            least[k] = best.times[k][0]
+        for n, lag in succ[k]:
+            least[n] = max(least[n], least[k] + int(dur[k]) + lag)
+    tail: dict[Any, int] = {}
+    for k in reversed(topo):
+        tail[k] = max((lag + int(dur[n]) + tail[n] for n, lag in succ[k]), default=0)
+    return {k: (best.times[k][0], best.times[k][0]) if k in frozen else
+            (least[k], best.makespan - int(dur[k]) - tail[k]) for k in graph.keys}
 
 
 def _report(progress: ProgressFn | None, t0: float, best: Any, ticks: Any,
@@ -165,18 +240,22 @@ def time_window_search(problem: Problem, ticks: Any, hint: Any, *, lower: int,
                        step_limit: float | None = None,
                        progress: ProgressFn | None = None, t0: float | None = None,
                        bound: float | None = None, seed: int = 0,
-                       patience: int | None = None) -> tuple[Any, WindowStats]:
+                       patience: int | None = None,
+                       proof_seconds: float = 0.0) -> tuple[Any, WindowStats]:
     """Improve ``hint`` (a :class:`~.cpsat.Hint`) until ``deadline``; returns (hint, stats).
 
     Each step frees the compute tasks that start within a window of ``tasks`` mean task
     durations (default :data:`TIME_WINDOW_TASKS`), on every device at once, around an
     idle gap drawn at random (:func:`_window_start`; seeded, so the same run makes the
     same choices), and gives CP-SAT up to ``step_limit`` seconds (default
-    :data:`TIME_STEP_LIMIT`). A step that finds an equally short schedule is kept too:
+    :data:`TIME_STEP_LIMIT`). After a step without a shorter schedule the width adapts
+    (:func:`_next_width`): wider where CP-SAT proves windows quickly, narrower where
+    it runs out of time. A step that finds an equally short schedule is kept too:
     it moves the search along the plateau, which is where the next step finds room.
     Stops when the incumbent reaches ``lower`` (ticks) or after ``patience`` steps in
     a row without a shorter schedule (default :data:`TIME_PATIENCE`), so that the
-    caller can spend the time left on a proof.
+    caller can spend the time left on a proof — unless less time is left than that
+    proof needs to start (``proof_seconds``): then the steps go on to the deadline.
     """
     patience = TIME_PATIENCE if patience is None else patience
     tasks = TIME_WINDOW_TASKS if tasks is None else tasks
@@ -184,18 +263,24 @@ def time_window_search(problem: Problem, ticks: Any, hint: Any, *, lower: int,
     g = ticks.graph
     t0 = time.monotonic() if t0 is None else t0
     mean = sum(int(g.duration[k]) for k in g.keys) / max(1, len(g.keys))
-    width = max(1, int(round(tasks * mean)))
+    first = max(1, int(round(tasks * mean)))
+    narrowest, widest = (max(1, int(first * r)) for r in TIME_WINDOW_RANGE)
+    width = first
     stats = WindowStats(window=width)
     stepper = _Stepper(problem, ticks, lower, deadline, threads, step_limit)
     rng = random.Random(seed)
     best = hint
     idle_steps = 0
-    while stepper.room() and best.makespan > lower and idle_steps < patience:
+    while stepper.room() and best.makespan > lower and (
+            idle_steps < patience or deadline - time.monotonic() < 1 + proof_seconds):
         idle_steps += 1
         at = _window_start(best, width, rng)
         free = {k for seq in best.order for k in seq
                 if at <= best.times[k][0] < at + width}
         timed = stepper.run(best, free, stats, frozen_before=at)
+        if timed is None or timed.makespan >= best.makespan:
+            width = _next_width(width, stepper, narrowest, widest)
+            stats.window = width
         if timed is None or timed.makespan > best.makespan:
             continue
         if timed.makespan < best.makespan:
@@ -204,6 +289,17 @@ def time_window_search(problem: Problem, ticks: Any, hint: Any, *, lower: int,
             _report(progress, t0, timed, ticks, bound)
         best = timed
     return best, stats
+
+
+def _next_width(width: int, stepper: _Stepper, narrowest: int, widest: int) -> int:
+    """The next time window's width after a step that found no shorter schedule:
+    wider when CP-SAT proved the window in under half its limit, narrower when it ran
+    out of time (:data:`TIME_WINDOW_GROWTH`)."""
+    if stepper.proven and stepper.seconds < stepper.step_limit / 2:
+        return min(widest, int(width * TIME_WINDOW_GROWTH))
+    if not stepper.proven:
+        return max(narrowest, int(width / TIME_WINDOW_GROWTH))
+    return width
 
 
 def _window_start(best: Any, width: int, rng: random.Random) -> int:
