@@ -269,8 +269,11 @@ def test_the_first_chunked_placement_keeps_the_time_the_others_would_not_use() -
                    if c.fits and list(c.schedule.placement) == shapes[shape])
     best_start = min(c.makespan for c in result.fixed if c.fits)
     assert start_on("interleaved") <= best_start + 1e-9 < start_on("v")
-    chunked = [r.extra["space"] for r in result.runs if r.extra.get("space") != "linear"]
-    assert chunked == ["v"]
+    chunked = [r for r in result.runs if r.extra.get("space") != "linear"]
+    assert [r.extra["space"] for r in chunked][:1] == ["v"]
+    assert [r.extra["space"] for r in chunked].count("v") == 1     # no restart
+    # the leftovers reach interleaved chunks only if the V shape ended early, proven
+    assert len(chunked) == 1 or chunked[0].status == "optimal"
     assert result.sim.fits and result.sim.makespan <= best_start + 1e-9
 
 
