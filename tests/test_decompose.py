@@ -61,12 +61,10 @@ def solve_window(problem: Problem, ticks, best, free: set, compact: bool,
     return round(solver.objective_value)
 
 
-@pytest.mark.parametrize("seed,shape", [(0, "linear"), (1, "linear"), (2, "v"), (3, "v"),
-                                        (4, "interleaved")])
-def test_the_compact_window_model_has_the_full_models_optimum(seed: int, shape: str) -> None:
-    """Pinned pairs as constants (``free``) must lose and admit nothing: on small
-    uneven problems with tight budgets, both models of the same window prove the same
-    optimum, and its schedule fits."""
+def middle_window(seed: int, shape: str):
+    """A small uneven problem with a tight budget on ``shape``, its fastest fitting
+    start, and a window in the middle of it: about a third of the tasks, those that
+    start from ``at`` on. Returns (problem, ticks, start, free, at)."""
     rng = random.Random(seed)
     stages = 4 if shape == "linear" else 3
     # interleaved 1F1B, the only fixed schedule there to start from, needs 4 activations
@@ -76,11 +74,20 @@ def test_the_compact_window_model_has_the_full_models_optimum(seed: int, shape: 
     placement = None if shape == "linear" else searched_placements(stages)[shape]
     ticks, best = start_of(problem, placement)
     keys = [k for seq in best.order for k in seq]
-    # a window in the middle, about a third of the tasks
     times = sorted(best.times[k][0] for k in keys)
     at, until = times[len(times) // 3], times[2 * len(times) // 3]
     free = {k for k in keys if at <= best.times[k][0] < until}
     assert 0 < len(free) < len(keys)
+    return problem, ticks, best, free, at
+
+
+@pytest.mark.parametrize("seed,shape", [(0, "linear"), (1, "linear"), (2, "v"), (3, "v"),
+                                        (4, "interleaved")])
+def test_the_compact_window_model_has_the_full_models_optimum(seed: int, shape: str) -> None:
+    """Pinned pairs as constants (``free``) must lose and admit nothing: on small
+    uneven problems with tight budgets, both models of the same window prove the same
+    optimum, and its schedule fits."""
+    problem, ticks, best, free, _ = middle_window(seed, shape)
     assert solve_window(problem, ticks, best, free, True) == \
         solve_window(problem, ticks, best, free, False)
 
@@ -90,17 +97,8 @@ def test_pinned_windows_hold_the_start_and_cut_off_no_optimum(seed: int, shape: 
     """The time windows a step's tasks get from the pinned orders (and the frozen
     tasks before the window) must hold the schedule the step starts from, and the step
     must prove the same optimum with them as without them."""
-    rng = random.Random(seed)
-    stages = 4 if shape == "linear" else 3
-    budget = 4.0 if shape == "interleaved" else rng.choice([1.0, 1.5, 2.0])
-    problem = uneven(rng, stages, 8 if shape == "interleaved" else rng.choice([6, 8]),
-                     budget)
-    placement = None if shape == "linear" else searched_placements(stages)[shape]
-    ticks, best = start_of(problem, placement)
+    problem, ticks, best, free, at = middle_window(seed, shape)
     keys = [k for seq in best.order for k in seq]
-    times = sorted(best.times[k][0] for k in keys)
-    at, until = times[len(times) // 3], times[2 * len(times) // 3]
-    free = {k for k in keys if at <= best.times[k][0] < until}
     pinned = [[k for k in seq if k not in free] for seq in best.order]
     implied = memory_implied_orders(problem, True, graph_placement(ticks.graph))
     windows = pinned_windows(ticks.graph, best, pinned, free, implied, at)

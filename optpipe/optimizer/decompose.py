@@ -23,6 +23,7 @@ bound stays the proven bound.
 
 from __future__ import annotations
 
+import graphlib
 import random
 import time
 from dataclasses import dataclass
@@ -147,28 +148,20 @@ def pinned_windows(graph: Any, best: Any, pinned: Sequence[Sequence[Any]],
     """
     dur = graph.duration
     succ: dict[Any, list[tuple[Any, int]]] = {k: [] for k in graph.keys}
-    indeg = {k: 0 for k in graph.keys}
+    preds: dict[Any, list[Any]] = {k: [] for k in graph.keys}
 
     def edge(a: Any, b: Any, lag: int) -> None:
         succ[a].append((b, lag))
-        indeg[b] += 1
-    for k, preds in graph.deps.items():
-        for p, lag in preds:
+        preds[b].append(a)
+    for k, before in graph.deps.items():
+        for p, lag in before:
             edge(p, k, int(lag))
     for seq in list(graph.chains) + [list(seq) for seq in pinned]:
         for a, b in zip(seq, seq[1:]):
             edge(a, b, 0)
     for a, b in implied:
         edge(a, b, 0)
-    ready = [k for k in graph.keys if indeg[k] == 0]
-    topo: list[Any] = []
-    while ready:
-        k = ready.pop()
-        topo.append(k)
-        for n, _ in succ[k]:
-            indeg[n] -= 1
-            if indeg[n] == 0:
-                ready.append(n)
+    topo = list(graphlib.TopologicalSorter(preds).static_order())
     frozen = set() if frozen_before is None else {
         k for k in graph.keys if k not in free and best.times[k][1] <= frozen_before}
     least = {k: 0 for k in graph.keys}
