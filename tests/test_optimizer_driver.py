@@ -362,3 +362,25 @@ def test_extensions_get_the_larger_share_only_where_their_source_is_large() -> N
     assert share(32, 32) == driver.EXTEND_SHARE_LARGE
     assert share(8, 64) == share(16, 32) == share(4, 64) == driver.EXTEND_SHARE
     assert driver.EXTEND_SHARE < driver.EXTEND_SHARE_LARGE < 1
+
+
+def test_chunked_extensions_start_the_search_where_memory_binds_softly() -> None:
+    """At budget S on 4 x 64 memory binds, but not hard (no periodic blocks): the first
+    chunked placement is searched on 32 microbatches and its steady state repeated
+    (``_add_chunked_extended``); those schedules fit, are chunked, and the answer is at
+    least as fast. At 2S a fixed schedule meets its placement's bound: none are built."""
+    problem = uniform_problem(4, 64, p2p=0.05, activation=1000,
+                              freed_by_b=500).activation_budget(4)
+    result = solve(problem, time_limit=15, progress=False, offload=False, cache=False)
+    assert not any(c.name.startswith("periodic-") for c in result.fixed)
+    extended = [c for c in result.fixed if c.name.startswith("extended-")]
+    assert extended
+    for c in extended:
+        assert c.fits and c.schedule.microbatches == 64
+        assert list(c.schedule.placement) != list(range(4))
+        assert c.name.startswith(f"extended-{c.schedule.provenance['placement']}-k")
+        assert simulate(problem, c.schedule).makespan == pytest.approx(c.makespan)
+    assert result.sim.fits and result.sim.makespan <= min(c.makespan for c in extended) + 1e-9
+    loose = solve(problem.activation_budget(8), time_limit=5, progress=False, offload=False,
+                  cache=False)
+    assert not any(c.name.startswith("extended-") for c in loose.fixed)

@@ -7,7 +7,8 @@ its provenance. It never returns something worse than the best fitting fixed sch
 and a solve that yields nothing falls back to that schedule and says so.
 
 Flow: infeasible budget? -> cache -> fixed schedules (warm starts, and the bar to beat)
--> periodic and extended warm starts when memory binds -> the order model (no offload;
+-> periodic and extended warm starts when memory binds hard (where it binds softly, the
+first chunked placement's extended schedules) -> the order model (no offload;
 fast, usually proves optimality) -> when offload is allowed and memory holds the
 schedule back, the tight offload model, hinted with the best so far -> verify ->
 provenance -> cache.
@@ -83,6 +84,15 @@ EXTEND_SHARE = 0.25
 #: prefix cuts (8 x 64 with 0.6: the same 306.3 s, bound 296.9 s against 297.6 s).
 EXTEND_SHARE_LARGE = 0.75
 EXTEND_LARGE_SOURCE_CELLS = 512
+#: Share of the time limit for the chunked placements' extended schedules
+#: (:func:`_add_chunked_extended`), where memory binds but not hard; their source is
+#: searched with at most :data:`CHUNKED_EXTEND_MAX_SOURCE_CELLS` stage x microbatch
+#: cells. Why that limit: at S the search on 8 x 32 (V shape, 256 cells) reaches
+#: 101.05 s in 30 s and extends to 197.05 s at 8 x 64; the one on 16 x 32 (512 cells)
+#: ends near 111 s, 15 s over the work, which extended to 16 x 64 is slower than the
+#: 203.8-204.6 s the search there reaches alone.
+CHUNKED_EXTEND_SHARE = 0.3
+CHUNKED_EXTEND_MAX_SOURCE_CELLS = 256
 #: Share of the time limit for offloaded list schedules (:mod:`.offload_starts`), when
 #: offload is allowed and the budget holds the schedule back (:func:`_add_offloaded_starts`)
 #: and binds hard (:func:`_memory_binds_hard`); where it does not bind hard
@@ -215,6 +225,10 @@ def solve(problem: Problem, *, solver: str = "auto", offload: bool | None = None
                       time_limit * _extend_share(problem), threads, allowed,
                       _heartbeat(reporter, t0, fixed, use_offload, split_backward),
                       proven)
+    elif solver in ("auto", "cpsat") and not use_offload:
+        _add_chunked_extended(problem, fixed, split_backward,
+                              time_limit * CHUNKED_EXTEND_SHARE, threads, allowed,
+                              _heartbeat(reporter, t0, fixed, use_offload, split_backward))
     best_fixed = _bar(fixed, use_offload, split_backward)
     runs: list[EngineResult] = []
     engine = "cpsat" if solver == "auto" else solver
@@ -566,6 +580,57 @@ def _add_extended(problem: Problem, fixed: FixedSet, split_backward: bool,
                                                time_limit=seconds, threads=threads,
                                                label="extended-linear", hints=hints,
                                                heartbeat=heartbeat, proven=proven):
+        fixed.candidates.append(Candidate(schedule.name, schedule, result))
+
+
+def _add_chunked_extended(problem: Problem, fixed: FixedSet, split_backward: bool,
+                          seconds: float, threads: int, allowed: tuple[str, ...] | None,
+                          heartbeat: Callable[[], None] | None = None) -> None:
+    """Add schedules of the chunked placement searched first, extended from a search on
+    half the microbatches (:mod:`.extend`), where memory binds but not hard.
+
+    Why: at budget S the optimum on the V shape keeps its warm-up and cool-down as the
+    microbatches double and only its steady state grows (8 x 32: 100.55 s, 4.55 s over
+    the work; 8 x 64's bound 196.55 s, the same 4.55 s), yet the search on 64
+    microbatches does not find that steady state within its minute (8 x 64: 197.55 s
+    in three runs of search revision 14) while a search on 32 finds it in seconds. So
+    the half is searched on that placement and its steady state repeated; the result
+    is a warm start like any fixed schedule. Only where it pays, as measured at S (see
+    :data:`CHUNKED_EXTEND_MAX_SOURCE_CELLS`): the half has at least twice
+    ``MIN_SOURCE_MICROBATCHES`` microbatches (a 16-microbatch half searched for 15 s
+    ended 4% above its optimum at 8 x 16, and nothing extended from it fitted) and is
+    small enough to be searched well; and the placement's best start is above its
+    bound (at 2S the fixed schedules are optimal already). Where memory binds hard the
+    periodic V blocks are the better start (:func:`_add_extended`).
+    """
+    from optpipe.optimizer.extend import MIN_SOURCE_MICROBATCHES, extended_schedules
+    from optpipe.optimizer.listsched import list_schedules
+
+    half = problem.microbatches // 2
+    if half < 2 * MIN_SOURCE_MICROBATCHES or \
+            problem.stages * half > CHUNKED_EXTEND_MAX_SOURCE_CELLS:
+        return
+    linear = linear_placement(problem.devices)
+    chunked = [sp for sp in _spaces(problem, split_backward, fixed, "cpsat", False, allowed)
+               if sp.placement != linear and sp.hinted]
+    if not chunked or chunked[0].best_fixed <= chunked[0].bound * (1 + 1e-9):
+        return
+    space = chunked[0]
+    faster = _fused_faster(problem)
+
+    def hints(half: Problem) -> list[Schedule]:
+        half_fixed = fixed_schedules(half)
+        _add_fitting(half, half_fixed, list_schedules(half, space.placement, space.split),
+                     space.label)
+        return [c.schedule for c in _fitting_on(half_fixed, space.placement, space.split,
+                                                 faster, False)]
+
+    for schedule, result in extended_schedules(problem, space.placement, space.split,
+                                               time_limit=seconds, threads=threads,
+                                               label=f"extended-{space.label}",
+                                               hints=hints, heartbeat=heartbeat,
+                                               recurse=False):
+        schedule.provenance["placement"] = space.label
         fixed.candidates.append(Candidate(schedule.name, schedule, result))
 
 

@@ -168,7 +168,7 @@ def extended_schedules(problem: Problem, placement: Sequence[int], split_backwar
                        *, time_limit: float, threads: int = 2, label: str = "extended",
                        hints: Callable[[Problem], list[Schedule]],
                        heartbeat: Callable[[], None] | None = None,
-                       proven: "PrefixCuts | None" = None
+                       proven: "PrefixCuts | None" = None, recurse: bool = True
                        ) -> list[tuple[Schedule, SimResult]]:
     """Schedules of ``problem`` extended from a search on half its microbatches.
 
@@ -177,7 +177,8 @@ def extended_schedules(problem: Problem, placement: Sequence[int], split_backwar
     and its best schedule is extended (:func:`extensions`). [] when the problem has
     fewer than twice :data:`MIN_SOURCE_MICROBATCHES` microbatches or nothing fits.
     ``proven`` (when given) keeps each half's proven bound (:meth:`.PrefixCuts.
-    record_whole`), so the prefix cuts need not solve those pieces again.
+    record_whole`), so the prefix cuts need not solve those pieces again. ``recurse``
+    False: the half is searched from ``hints(half)`` only, with no extensions of its own.
     """
     from optpipe.optimizer.cpsat import NoHint, solve_cpsat
 
@@ -187,7 +188,7 @@ def extended_schedules(problem: Problem, placement: Sequence[int], split_backwar
         return []
     half = replace(problem, microbatches=M // 2)
     starts = hints(half)
-    if half.microbatches >= 2 * MIN_SOURCE_MICROBATCHES:
+    if recurse and half.microbatches >= 2 * MIN_SOURCE_MICROBATCHES:
         inner = extended_schedules(half, placement, split_backward,
                                    time_limit=time_limit * INNER_SHARE, threads=threads,
                                    label=label, hints=hints, heartbeat=heartbeat,
