@@ -365,10 +365,13 @@ def test_extensions_get_the_larger_share_only_where_their_source_is_large() -> N
 
 
 def test_chunked_extensions_start_the_search_where_memory_binds_softly() -> None:
-    """At budget S on 4 x 64 memory binds, but not hard (no periodic blocks): the first
-    chunked placement is searched on 32 microbatches and its steady state repeated
-    (``_add_chunked_extended``); those schedules fit, are chunked, and the answer is at
-    least as fast. At 2S a fixed schedule meets its placement's bound: none are built."""
+    """At budget S on 4 x 64 memory binds, but not hard (no periodic blocks): the V
+    shape, which the search takes first, is searched on 32 microbatches and its steady
+    state repeated (``_add_chunked_extended``); those schedules fit, are on the V shape,
+    and the answer is at least as fast. At 2S a fixed schedule meets its placement's
+    bound: none are built."""
+    from optpipe.schedule import searched_placements
+
     problem = uniform_problem(4, 64, p2p=0.05, activation=1000,
                               freed_by_b=500).activation_budget(4)
     result = solve(problem, time_limit=15, progress=False, offload=False, cache=False)
@@ -377,10 +380,39 @@ def test_chunked_extensions_start_the_search_where_memory_binds_softly() -> None
     assert extended
     for c in extended:
         assert c.fits and c.schedule.microbatches == 64
-        assert list(c.schedule.placement) != list(range(4))
-        assert c.name.startswith(f"extended-{c.schedule.provenance['placement']}-k")
+        assert list(c.schedule.placement) == searched_placements(4)["v"]
+        assert c.name.startswith("extended-v-k")
         assert simulate(problem, c.schedule).makespan == pytest.approx(c.makespan)
     assert result.sim.fits and result.sim.makespan <= min(c.makespan for c in extended) + 1e-9
     loose = solve(problem.activation_budget(8), time_limit=5, progress=False, offload=False,
                   cache=False)
     assert not any(c.name.startswith("extended-") for c in loose.fixed)
+
+
+def test_no_chunked_extensions_where_interleaved_chunks_go_first(monkeypatch) -> None:
+    """The 8-stage preset with 64 microbatches at 64 GB: memory binds softly and the
+    search takes interleaved chunks first, whose CP-SAT schedules hold no window to
+    repeat; the extensions' search on half the microbatches is not even started (it
+    cost the search 17 s there before the rule)."""
+    from optpipe.cli import build_parser
+    from optpipe.cli_common import problem_from_args
+    from optpipe.optimizer import driver, extend
+    from optpipe.schedule import searched_placements
+
+    args = build_parser().parse_args(["solve", "--stages", "8", "--microbatches", "64",
+                                      "--mem", "64GB"])
+    problem = problem_from_args(args)
+    fixed = fixed_schedules(problem)
+    assert not driver._memory_binds_hard(fixed, False, True)
+    driver._add_list_schedules(problem, fixed, True)
+    first = [sp for sp in driver._spaces(problem, True, fixed, "cpsat")
+             if sp.label != "linear"][0]
+    assert first.placement == searched_placements(8)["interleaved"]
+    assert first.best_fixed > first.bound
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("extended_schedules ran for interleaved chunks")
+    monkeypatch.setattr(extend, "extended_schedules", must_not_run)
+    before = len(fixed.candidates)
+    driver._add_chunked_extended(problem, fixed, True, 18.0, 2, None)
+    assert len(fixed.candidates) == before

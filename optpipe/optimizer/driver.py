@@ -8,7 +8,7 @@ and a solve that yields nothing falls back to that schedule and says so.
 
 Flow: infeasible budget? -> cache -> fixed schedules (warm starts, and the bar to beat)
 -> periodic and extended warm starts when memory binds hard (where it binds softly, the
-first chunked placement's extended schedules) -> the order model (no offload;
+V shape's extended schedules) -> the order model (no offload;
 fast, usually proves optimality) -> when offload is allowed and memory holds the
 schedule back, the tight offload model, hinted with the best so far -> verify ->
 provenance -> cache.
@@ -586,17 +586,23 @@ def _add_extended(problem: Problem, fixed: FixedSet, split_backward: bool,
 def _add_chunked_extended(problem: Problem, fixed: FixedSet, split_backward: bool,
                           seconds: float, threads: int, allowed: tuple[str, ...] | None,
                           heartbeat: Callable[[], None] | None = None) -> None:
-    """Add schedules of the chunked placement searched first, extended from a search on
-    half the microbatches (:mod:`.extend`), where memory binds but not hard.
+    """Add schedules of the V shape, when searched first among the chunked placements,
+    extended from a search on half the microbatches (:mod:`.extend`), where memory
+    binds but not hard.
 
     Why: at budget S the optimum on the V shape keeps its warm-up and cool-down as the
     microbatches double and only its steady state grows (8 x 32: 100.55 s, 4.55 s over
     the work; 8 x 64's bound 196.55 s, the same 4.55 s), yet the search on 64
     microbatches does not find that steady state within its minute (8 x 64: 197.55 s
-    in three runs of search revision 14) while a search on 32 finds it in seconds. So
+    in three runs of search revision 14) while a search on 32 gets within 0.5% of its
+    optimum in 30 s (101.05 s; extended to 64: 197.05 s, by hand). So
     the half is searched on that placement and its steady state repeated; the result
     is a warm start like any fixed schedule. Only where it pays, as measured at S (see
-    :data:`CHUNKED_EXTEND_MAX_SOURCE_CELLS`): the half has at least twice
+    :data:`CHUNKED_EXTEND_MAX_SOURCE_CELLS`): on the V shape, when the search takes it
+    first (CP-SAT's schedules on interleaved chunks hold no window to repeat: none of
+    the 134 group sizes and starts at 8 x 64 of the 8-stage preset at 64 GB, where the
+    search lost 17 s to it, and none at the benchmark's 8 x 64 at S); the half has at
+    least twice
     ``MIN_SOURCE_MICROBATCHES`` microbatches (a 16-microbatch half searched for 15 s
     ended 4% above its optimum at 8 x 16, and nothing extended from it fitted) and is
     small enough to be searched well; and the placement's best start is above its
@@ -613,7 +619,8 @@ def _add_chunked_extended(problem: Problem, fixed: FixedSet, split_backward: boo
     linear = linear_placement(problem.devices)
     chunked = [sp for sp in _spaces(problem, split_backward, fixed, "cpsat", False, allowed)
                if sp.placement != linear and sp.hinted]
-    if not chunked or chunked[0].best_fixed <= chunked[0].bound * (1 + 1e-9):
+    if not chunked or chunked[0].best_fixed <= chunked[0].bound * (1 + 1e-9) or \
+            chunked[0].label.split("/")[0] != "v":
         return
     space = chunked[0]
     faster = _fused_faster(problem)
