@@ -84,7 +84,7 @@ EXTEND_SHARE = 0.25
 #: prefix cuts (8 x 64 with 0.6: the same 306.3 s, bound 296.9 s against 297.6 s).
 EXTEND_SHARE_LARGE = 0.75
 EXTEND_LARGE_SOURCE_CELLS = 512
-#: Share of the time limit for the chunked placements' extended schedules
+#: Share of the time limit for the V shape's extended schedules
 #: (:func:`_add_chunked_extended`), where memory binds but not hard; their source is
 #: searched with at most :data:`CHUNKED_EXTEND_MAX_SOURCE_CELLS` stage x microbatch
 #: cells. Why that limit: at S the search on 8 x 32 (V shape, 256 cells) reaches
@@ -595,26 +595,30 @@ def _add_chunked_extended(problem: Problem, fixed: FixedSet, split_backward: boo
     the work; 8 x 64's bound 196.55 s, the same 4.55 s), yet the search on 64
     microbatches does not find that steady state within its minute (8 x 64: 197.55 s
     in three runs of search revision 14) while a search on 32 gets within 0.5% of its
-    optimum in 30 s (101.05 s; extended to 64: 197.05 s, by hand). So
-    the half is searched on that placement and its steady state repeated; the result
-    is a warm start like any fixed schedule. Only where it pays, as measured at S (see
-    :data:`CHUNKED_EXTEND_MAX_SOURCE_CELLS`): on the V shape, when the search takes it
-    first (CP-SAT's schedules on interleaved chunks hold no window to repeat: none of
-    the 134 group sizes and starts at 8 x 64 of the 8-stage preset at 64 GB, where the
-    search lost 17 s to it, and none at the benchmark's 8 x 64 at S); the half has at
-    least twice
-    ``MIN_SOURCE_MICROBATCHES`` microbatches (a 16-microbatch half searched for 15 s
-    ended 4% above its optimum at 8 x 16, and nothing extended from it fitted) and is
-    small enough to be searched well; and the placement's best start is above its
-    bound (at 2S the fixed schedules are optimal already). Where memory binds hard the
-    periodic V blocks are the better start (:func:`_add_extended`).
+    optimum in 30 s (101.05 s; extended to 64: 197.05 s, by hand). So the half is
+    searched on the V shape and its steady state repeated; the result is a warm start
+    like any fixed schedule. Only where it pays, as measured at S (see
+    :data:`CHUNKED_EXTEND_MAX_SOURCE_CELLS`):
+
+    * on the V shape, when the search takes it first: CP-SAT's schedules on interleaved
+      chunks hold no window to repeat (none of the 134 group sizes and starts at 8 x 64
+      of the 8-stage preset at 64 GB, where the search lost 17 s to it; none at the
+      benchmark's 8 x 64 at S);
+    * the half has at least twice ``MIN_SOURCE_MICROBATCHES`` microbatches (a
+      16-microbatch half searched for 15 s ended 4% above its optimum at 8 x 16, and
+      nothing extended from it fitted) and is small enough to be searched well;
+    * the V shape's best start is above its bound (at 2S the fixed schedules are
+      optimal already).
+
+    Where memory binds hard the periodic V blocks are the better start
+    (:func:`_add_extended`).
     """
     from optpipe.optimizer.extend import MIN_SOURCE_MICROBATCHES, extended_schedules
     from optpipe.optimizer.listsched import list_schedules
 
-    half = problem.microbatches // 2
-    if half < 2 * MIN_SOURCE_MICROBATCHES or \
-            problem.stages * half > CHUNKED_EXTEND_MAX_SOURCE_CELLS:
+    source_microbatches = problem.microbatches // 2
+    if source_microbatches < 2 * MIN_SOURCE_MICROBATCHES or \
+            problem.stages * source_microbatches > CHUNKED_EXTEND_MAX_SOURCE_CELLS:
         return
     linear = linear_placement(problem.devices)
     chunked = [sp for sp in _spaces(problem, split_backward, fixed, "cpsat", False, allowed)
