@@ -416,3 +416,28 @@ def test_no_chunked_extensions_where_interleaved_chunks_go_first(monkeypatch) ->
     before = len(fixed.candidates)
     driver._add_chunked_extended(problem, fixed, True, 18.0, 2, None)
     assert len(fixed.candidates) == before
+
+
+@pytest.mark.parametrize("stages, offload, built", [(8, True, True), (4, True, False),
+                                                     (4, False, True)])
+def test_chunked_extensions_with_offload_only_where_no_offload_model_runs(
+        monkeypatch, stages: int, offload: bool, built: bool) -> None:
+    """With offload allowed the V shape's extensions are started only beyond
+    ``OFFLOAD_MAX_CELLS`` (8 x 64 at S), where no offload model is built and the order
+    models search as without offload; at 4 x 64 (256 cells) the offload model needs the
+    time. Which problems start them is what is checked (the search is stubbed out to
+    record its calls), so the solves are short."""
+    from optpipe.optimizer import driver, extend
+
+    calls = []
+
+    def record(problem, placement, *args, **kwargs):
+        calls.append(problem.microbatches)
+        return []
+    monkeypatch.setattr(extend, "extended_schedules", record)
+    problem = uniform_problem(stages, 64, p2p=0.05, activation=1000,
+                              freed_by_b=500).activation_budget(stages)
+    assert (stages * 64 > driver.OFFLOAD_MAX_CELLS) == (stages == 8)
+    result = solve(problem, time_limit=3, progress=False, offload=offload, cache=False)
+    assert result.sim.fits
+    assert calls == ([64] if built else [])

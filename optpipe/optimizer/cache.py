@@ -44,7 +44,7 @@ _PACKAGE = Path(__file__).resolve().parent.parent
 #: them quickly, and no proof attempt after them that could not start in time; 15: where
 #: memory binds but not hard, the V shape's schedules (when searched first among the
 #: chunked placements) extended from a search on half the microbatches, from 64
-#: microbatches on). A cached
+#: microbatches on, with offload too where no offload model is built). A cached
 #: schedule from an older search that was not proven optimal is solved again: the same
 #: problem and time limit may now give a faster one. Not bumped for the warm-up memory
 #: bound (2026-12-01): it proves more but searches the same way (the window search
