@@ -87,8 +87,9 @@ EXTEND_LARGE_SOURCE_CELLS = 512
 #: Share of the time limit for the V shape's extended schedules
 #: (:func:`_add_chunked_extended`), where memory binds but not hard; their source is
 #: searched with at most :data:`CHUNKED_EXTEND_MAX_SOURCE_CELLS` stage x microbatch
-#: cells. Why that limit: at S the search on 8 x 32 (V shape, 256 cells) reaches
-#: 101.05 s in 30 s and extends to 197.05 s at 8 x 64; the one on 16 x 32 (512 cells)
+#: cells. Why that limit (``python scripts/bench_extend.py``, table in
+#: docs/optimizer.md): at S the search on 8 x 32 (V shape, 256 cells) reaches 101.0 s
+#: in 30 s and extends to 197.0 s at 8 x 64; the one on 16 x 32 (512 cells)
 #: ends near 111 s, 15 s over the work, which extended to 16 x 64 is slower than the
 #: 203.8-204.6 s the search there reaches alone.
 CHUNKED_EXTEND_SHARE = 0.3
@@ -225,10 +226,9 @@ def solve(problem: Problem, *, solver: str = "auto", offload: bool | None = None
                       time_limit * _extend_share(problem), threads, allowed,
                       _heartbeat(reporter, t0, fixed, use_offload, split_backward),
                       proven)
-    elif solver in ("auto", "cpsat") and (
-            not use_offload or problem.stages * problem.microbatches > OFFLOAD_MAX_CELLS):
-        # beyond OFFLOAD_MAX_CELLS no offload model is built: the order models search as
-        # without offload, and the extensions are their start as there
+    elif solver in ("auto", "cpsat") and not (use_offload and _offload_model_built(problem)):
+        # without an offload model the order models search as without offload, and the
+        # extensions are their start as there
         _add_chunked_extended(problem, fixed, split_backward,
                               time_limit * CHUNKED_EXTEND_SHARE, threads, allowed,
                               _heartbeat(reporter, t0, fixed, use_offload, split_backward))
@@ -619,7 +619,6 @@ def _add_chunked_extended(problem: Problem, fixed: FixedSet, split_backward: boo
     offload, 196.7 s (gap 0.43% to the no-memory bound) against 197.55 s without them.
     """
     from optpipe.optimizer.extend import MIN_SOURCE_MICROBATCHES, extended_schedules
-    from optpipe.optimizer.listsched import list_schedules
 
     source_microbatches = problem.microbatches // 2
     if source_microbatches < 2 * MIN_SOURCE_MICROBATCHES or \
@@ -632,15 +631,8 @@ def _add_chunked_extended(problem: Problem, fixed: FixedSet, split_backward: boo
             chunked[0].label.split("/")[0] != "v":
         return
     space = chunked[0]
-    faster = _fused_faster(problem)
-
-    def hints(half: Problem) -> list[Schedule]:
-        half_fixed = fixed_schedules(half)
-        _add_fitting(half, half_fixed, list_schedules(half, space.placement, space.split),
-                     space.label)
-        return [c.schedule for c in _fitting_on(half_fixed, space.placement, space.split,
-                                                 faster, False)]
-
+    hints = chunked_source_hints(space.label, space.placement, space.split,
+                                 _fused_faster(problem))
     for schedule, result in extended_schedules(problem, space.placement, space.split,
                                                time_limit=seconds, threads=threads,
                                                label=f"extended-{space.label}",
@@ -648,6 +640,28 @@ def _add_chunked_extended(problem: Problem, fixed: FixedSet, split_backward: boo
                                                recurse=False):
         schedule.provenance["placement"] = space.label
         fixed.candidates.append(Candidate(schedule.name, schedule, result))
+
+
+def chunked_source_hints(label: str, place: list[int], split: bool, fused_faster: bool
+                         ) -> Callable[[Problem], list[Schedule]]:
+    """The hints a chunked placement's extensions start their source from: for a
+    problem with fewer microbatches, its fitting fixed and list schedules on ``place``,
+    fastest first (what the search on the full problem starts from too). Public for
+    ``scripts/bench_extend.py``, which measures the same sources."""
+    from optpipe.optimizer.listsched import list_schedules
+
+    def hints(half: Problem) -> list[Schedule]:
+        half_fixed = fixed_schedules(half)
+        _add_fitting(half, half_fixed, list_schedules(half, place, split), label)
+        return [c.schedule for c in _fitting_on(half_fixed, place, split, fused_faster,
+                                                 False)]
+    return hints
+
+
+def _offload_model_built(problem: Problem) -> bool:
+    """Is the problem small enough for the offload model (:data:`OFFLOAD_MAX_CELLS`)?
+    One rule for the search, its notes, and the extensions that run where it is not."""
+    return problem.stages * problem.microbatches <= OFFLOAD_MAX_CELLS
 
 
 def _extend_share(problem: Problem) -> float:
@@ -890,7 +904,7 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
     linear = next((sp for sp in spaces if sp.label == "linear"), None)
     # the offload model (one stage per device) can only help below the incumbent
     offload_model = (use_offload and linear is not None
-                     and problem.stages * problem.microbatches <= OFFLOAD_MAX_CELLS
+                     and _offload_model_built(problem)
                      and linear.bound < incumbent * (1 - 1e-9))
     order_deadline = time.monotonic() + (deadline - time.monotonic()) * (
         ORDER_SHARE_WITH_OFFLOAD if offload_model else 1.0)
@@ -982,7 +996,7 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
         left = deadline - time.monotonic()
         if optimal_runs:
             linear.bound = optimal_runs[0].objective
-        elif problem.stages * problem.microbatches > OFFLOAD_MAX_CELLS:
+        elif not _offload_model_built(problem):
             notes.append(f"offload model skipped: {problem.stages} x {problem.microbatches} "
                          f"is over its size limit ({OFFLOAD_MAX_CELLS} stage x microbatch "
                          f"cells); offloading fixed schedules were still compared")
