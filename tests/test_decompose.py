@@ -210,3 +210,41 @@ def test_the_full_model_gets_the_time_the_windows_leave(monkeypatch: pytest.Monk
     assert result.objective == pytest.approx(31.3)
     sim = simulate(problem, result.schedule)
     assert sim.fits and sim.makespan == pytest.approx(result.objective, rel=1e-6)
+
+
+def test_a_relaxation_to_some_devices_capacity_bounds_the_whole_model() -> None:
+    """``build_order_model(..., capacity=)`` models one task at a time and memory on the
+    named devices only, so its optimum never exceeds the whole model's, grows as devices
+    are added, equals it with all of them, and with none is at least the longest path
+    through the dependencies (the orders that memory implies stay: the whole problem
+    implies them)."""
+    problem = uniform_problem(4, 8, p2p=0.05).activation_budget(2)
+    ticks, best = start_of(problem, searched_placements(4)["v"])
+    graph = ticks.graph
+
+    def optimum(capacity) -> int:
+        builder, _ = build_order_model(problem, ticks, best.makespan, 0, best,
+                                       capacity=capacity)
+        builder.add_hints()
+        solver = new_solver(30, 2)
+        assert solver.solve(builder.model) == cp_model.OPTIMAL
+        return round(solver.objective_value)
+
+    whole = optimum(None)
+    assert optimum(range(problem.devices)) == whole
+    es = earliest_starts(graph)
+    path = max(es[k] + graph.duration[k] for k in graph.keys)
+    none, one, two = optimum([]), optimum([3]), optimum([2, 3])
+    assert path <= none <= one <= two <= whole
+    assert whole > none
+
+
+def test_the_window_steps_reuse_the_memory_implied_orders() -> None:
+    """A step's model built with the stepper's own implied orders is the model built
+    without them (they are recomputed then): same constraints, same optimum."""
+    problem = uniform_problem(4, 8, p2p=0.05).activation_budget(2)
+    ticks, best = start_of(problem, searched_placements(4)["v"])
+    implied = memory_implied_orders(problem, True, graph_placement(ticks.graph))
+    plain, _ = build_order_model(problem, ticks, best.makespan, 0, best)
+    given, _ = build_order_model(problem, ticks, best.makespan, 0, best, implied=implied)
+    assert str(plain.model.proto) == str(given.model.proto)

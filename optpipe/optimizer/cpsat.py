@@ -238,13 +238,15 @@ def _memory_units(problem: Problem, s: int, levels: Sequence[float] = ()
 
 
 def _base_vars(b: _Builder, g: TaskGraph, horizon: int, lower: int,
-               hint: Hint | None, windows: Mapping[Key, tuple[int, int]] | None = None
+               hint: Hint | None, windows: Mapping[Key, tuple[int, int]] | None = None,
+               devices: Collection[int] | None = None
                ) -> tuple[dict[Key, Any], dict[Key, Any], Any]:
     """Start variables with time windows, fixed-size intervals, makespan.
 
     ``windows`` (ticks, per task: least and latest start) narrow the graph's own time
     windows; the caller vouches that they cut off no schedule of the model within
-    ``horizon`` (a window step's, :func:`~.decompose.pinned_windows`)."""
+    ``horizon`` (a window step's, :func:`~.decompose.pinned_windows`). ``devices``:
+    those that run one task at a time (default all)."""
     es = earliest_starts(g)
     ls = latest_starts(g, horizon)
     start: dict[Key, Any] = {}
@@ -267,7 +269,7 @@ def _base_vars(b: _Builder, g: TaskGraph, horizon: int, lower: int,
     for chain in g.chains:
         for p, k in zip(chain, chain[1:]):
             b.model.add(start[k] >= start[p] + int(g.duration[p]))
-    for d in range(g.problem.devices):
+    for d in range(g.problem.devices) if devices is None else sorted(devices):
         b.model.add_no_overlap([interval[k] for k in g.device_keys(d)])
     return start, interval, makespan
 
@@ -278,7 +280,9 @@ def build_order_model(problem: Problem, ticks: Ticks, horizon: int, lower: int,
                       fixed_order: Sequence[Sequence[Key]] | None = None,
                       cuts: "PrefixCuts | None" = None,
                       free: Collection[Key] | None = None,
-                      windows: Mapping[Key, tuple[int, int]] | None = None
+                      windows: Mapping[Key, tuple[int, int]] | None = None,
+                      implied: Sequence[tuple[Key, Key]] | None = None,
+                      capacity: Collection[int] | None = None
                       ) -> tuple[_Builder, _Vars]:
     """The no-offload model: memory decided by the order of compute on each device.
 
@@ -290,32 +294,40 @@ def build_order_model(problem: Problem, ticks: Ticks, horizon: int, lower: int,
     problem (at 8 x 64 on the V shape CP-SAT's presolve alone took 5.8 s of a 6 s
     step). ``cuts`` (:mod:`.prefix`) add what smaller problems proved: least distances
     between the first stage's forwards, and the least time from one of them to the end.
-    ``windows`` narrow the start variables' domains (:func:`_base_vars`).
+    ``windows`` narrow the start variables' domains (:func:`_base_vars`). ``implied``:
+    the problem's :func:`~.preprocess.memory_implied_orders` on this placement, when the
+    caller has them already (a window search builds one model per step, and they cost
+    about 0.035 s each at 16 x 64). ``capacity``: the devices whose one-task-at-a-time
+    rule and memory are modelled (default all). With fewer it is a relaxation, so its
+    optimum is a lower bound (the others' tasks only pass the dependencies on; their
+    memory-implied orders stay, being implied by the full problem): a tool for asking
+    which devices a bound comes from (``scripts/bench_relaxation.py``).
     """
     if free is not None and (fixed_order is None or hint is None):
         raise ValueError("free tasks need the pinned orders and the hint they come from")
     b = _Builder()
     g = ticks.graph
     dur = g.duration
-    start, _, makespan = _base_vars(b, g, horizon, lower, hint, windows)
+    start, _, makespan = _base_vars(b, g, horizon, lower, hint, windows, capacity)
     for seq in fixed_order or ():
         for p, k in zip(seq, seq[1:]):
             b.model.add(start[k] >= start[p] + int(dur[p]))
     rows = 0
     placement = graph_placement(g)
-    implied = memory_implied_orders(problem, g.split_backward, placement)
+    if implied is None:
+        implied = memory_implied_orders(problem, g.split_backward, placement)
     for k, f in implied:
         b.model.add(start[f] >= start[k] + int(dur[k]))
     implied_set = set(implied)
     free_set = None if free is None else set(free)
-    for d in range(g.devices):
+    for d in range(g.devices) if capacity is None else sorted(capacity):
         rows += _order_memory(b, g, d, start, hint, implied_set,
                               cross=problem.microbatches <= CROSS_STAGE_MAX_MICROBATCHES,
                               free=free_set)
     if g.placement:
         # the device's exact memory: its rows see each stage alone beyond
         # CROSS_STAGE_MAX_MICROBATCHES (below, redundant: it helps propagation)
-        _chunked_memory(b, g, start, hint, horizon)
+        _chunked_memory(b, g, start, hint, horizon, capacity)
     if cuts is not None:
         _prefix_cuts(b, g, start, makespan, cuts, ticks.scale)
     b.model.minimize(makespan)
@@ -447,7 +459,7 @@ def _order_memory(b: _Builder, g: TaskGraph, d: int, start: dict[Key, Any],
 
 
 def _chunked_memory(b: _Builder, g: TaskGraph, start: dict[Key, Any], hint: Hint | None,
-                    horizon: int) -> None:
+                    horizon: int, devices: Collection[int] | None = None) -> None:
     """Held bytes per device as a cumulative: [F start, B end) and [F start, W end).
 
     Exact without offload: all intervals of a device start and end with compute on that
@@ -455,7 +467,7 @@ def _chunked_memory(b: _Builder, g: TaskGraph, start: dict[Key, Any], hint: Hint
     """
     p = g.problem
     dur = g.duration
-    for d in range(g.devices):
+    for d in range(g.devices) if devices is None else sorted(devices):
         stages = g.stages_on(d)
         room = p.budget[d] - p.static[d]
         if not math.isfinite(room) or \

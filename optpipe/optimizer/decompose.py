@@ -111,7 +111,7 @@ class _Stepper:
                                  frozen_before)
         builder, handles = build_order_model(self.problem, self.ticks, best.makespan,
                                              self.lower, best, fixed_order=fixed, free=free,
-                                             windows=windows)
+                                             windows=windows, implied=self.implied)
         builder.add_hints()
         self.build_time = max(self.build_time, time.monotonic() - t_build)
         left = self.deadline - time.monotonic() - self.overrun

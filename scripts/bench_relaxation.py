@@ -1,0 +1,157 @@
+#!/usr/bin/env python3
+"""Where a chunked placement's gap lies at budget S: the bound or the search.
+
+Why this script: at 16 x 32, budget S, the V shape's answers stay 4-5% above its bound
+(the warm-up bound, 105.75 s) and it was not known which side is weak. Two probes, one
+run each, on the benchmark's problem (``bench_solver.bench_problem``: F = B = W = 1 s,
+p2p 0.05 s):
+
+* **relaxations** that keep the capacity (one task at a time, memory) of some devices
+  only (``cpsat.build_order_model(..., capacity=)``): the others' tasks just pass the
+  dependencies on, so each optimum is a lower bound for the whole problem. If a few
+  devices already forced more than the bound, the bound would be the weak side;
+* **warm-up windows**: from the schedule a minute's search on the placement returns
+  (``cpsat.solve_cpsat``), one window step that frees every task starting in
+  ``[0, end)`` with the rest pinned (``decompose._Stepper``), given a long limit. If
+  it finds a shorter schedule, the minute's windows (6 s steps) left time in the
+  warm-up, so the search is (at least partly) the weak side.
+
+Nothing is asserted; the table goes to docs/optimizer.md between markers.
+
+    python scripts/bench_relaxation.py                  # about 9 minutes
+    python scripts/bench_relaxation.py --size 8x16 --keep 6,7:30 --windows 30:30 --no-write
+
+``--keep``: ``device,device,...:seconds`` groups separated by ``/`` (``a-b`` is a range).
+``--windows``: ``end:seconds`` pairs separated by ``/`` (end in seconds of the schedule).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench_solver import bench_problem  # noqa: E402
+from docblock import publish  # noqa: E402
+
+DOC = ROOT / "docs" / "optimizer.md"
+START, END = "<!-- relaxation:start -->", "<!-- relaxation:end -->"
+KEEP = "14-15:60/0,15:60/12-15:60/11-15:120/10-15:120/8-15:90"
+WINDOWS = "30:60/45:120"
+
+
+def _devices(text: str) -> list[int]:
+    out: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out += list(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def _setup(stages: int, microbatches: int, shape: str):
+    """The problem, its ticks on the placement, the best fitting start as a hint, and
+    the placement's memory bound in ticks."""
+    from optpipe.optimizer.cpsat import _pick_hint, make_ticks
+    from optpipe.optimizer.driver import _add_list_schedules, _hint_pool
+    from optpipe.optimizer.preprocess import fixed_schedules, lower_bound, memory_bounds
+    from optpipe.schedule import searched_placements
+
+    problem = bench_problem(stages, microbatches, stages, False)
+    place = searched_placements(stages)[shape]
+    ticks = make_ticks(problem, True, False, (), place)
+    fixed = fixed_schedules(problem)
+    _add_list_schedules(problem, fixed, True)
+    pool = _hint_pool(fixed, True)
+    hint = _pick_hint(problem, ticks, False, (), pool)
+    lower = int(math.ceil(max(memory_bounds(ticks.graph, lower_bound(ticks.graph))) - 1e-9))
+    return problem, place, ticks, pool, hint, lower
+
+
+def relaxation(problem, ticks, hint, lower: int, keep: list[int], seconds: float
+               ) -> tuple[str, float, float, float]:
+    """CP-SAT on the model with only ``keep``'s capacity: status, best, bound, time."""
+    from optpipe.optimizer.cpsat import build_order_model, new_solver
+
+    builder, _ = build_order_model(problem, ticks, hint.makespan, lower, hint,
+                                   capacity=keep)
+    builder.add_hints()
+    solver = new_solver(seconds, 2)
+    began = time.monotonic()
+    code = solver.solve(builder.model)
+    took = time.monotonic() - began
+    return (solver.status_name(code).lower(), solver.objective_value / ticks.scale,
+            solver.best_objective_bound / ticks.scale, took)
+
+
+def warmup_window(problem, ticks, start, lower: int, end: float, seconds: float
+                  ) -> tuple[int, float | None, bool, float]:
+    """One window step over ``[0, end)`` from ``start`` (a Hint): tasks freed, the
+    makespan found (None: nothing), proven, time."""
+    from optpipe.optimizer.decompose import WindowStats, _Stepper
+
+    cut = int(end * ticks.scale)
+    free = {k for seq in start.order for k in seq if start.times[k][0] < cut}
+    stepper = _Stepper(problem, ticks, lower, time.monotonic() + seconds + 60, 2, seconds)
+    began = time.monotonic()
+    found = stepper.run(start, free, WindowStats(), frozen_before=0)
+    took = time.monotonic() - began
+    return (len(free), None if found is None else found.makespan / ticks.scale,
+            stepper.proven, took)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", default="16x32", help="SxM (default 16x32)")
+    ap.add_argument("--placement", default="v", choices=("v", "interleaved"))
+    ap.add_argument("--keep", default=KEEP, help="devices:seconds groups, '/'-separated")
+    ap.add_argument("--windows", default=WINDOWS, help="end:seconds pairs, '/'-separated")
+    ap.add_argument("--search", type=float, default=60.0,
+                    help="seconds of the search whose schedule the windows start from")
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args()
+    from optpipe.optimizer.cpsat import make_hint, solve_cpsat
+
+    stages, microbatches = (int(x) for x in args.size.split("x"))
+    problem, place, ticks, pool, hint, lower = _setup(stages, microbatches, args.placement)
+    where = f"{stages} x {microbatches}, {args.placement}, budget S"
+    lines = [f"**Relaxations** ({where}; the placement's memory bound {lower / ticks.scale:g} s, "
+             f"the start {hint.makespan / ticks.scale:g} s):", "",
+             "| devices with capacity | status | best found | bound | time |",
+             "|---|---|---|---|---|"]
+    for group in filter(None, args.keep.split("/")):
+        devices, _, seconds = group.partition(":")
+        keep = _devices(devices)
+        status, best, bound, took = relaxation(problem, ticks, hint, lower, keep,
+                                               float(seconds or 60))
+        row = (f"| {devices} | {status} | {best:g} s | {bound:g} s | "
+               f"{took:.1f} s of {float(seconds or 60):g} |")
+        print(row, flush=True)
+        lines.append(row)
+    searched = solve_cpsat(problem, warm_start=pool, time_limit=args.search,
+                           placement=place, threads=2)
+    start = make_hint(searched.schedule, ticks)
+    lines += ["", f"**Warm-up windows** (from the schedule of a {args.search:g} s search on "
+              f"the placement, {start.makespan / ticks.scale:g} s):", "",
+              "| window | tasks freed | found | proven | time |", "|---|---|---|---|---|"]
+    for pair in filter(None, args.windows.split("/")):
+        end, _, seconds = pair.partition(":")
+        freed, found, proven, took = warmup_window(problem, ticks, start, lower,
+                                                   float(end), float(seconds or 60))
+        row = (f"| [0, {float(end):g} s) | {freed} | "
+               f"{'nothing shorter' if found is None else f'{found:g} s'} | "
+               f"{'yes' if proven else 'no'} | {took:.1f} s of {float(seconds or 60):g} |")
+        print(row, flush=True)
+        lines.append(row)
+    text = ("Measured with `python scripts/bench_relaxation.py` on 2 CPU cores, 2 solver "
+            "threads, one run each.\n\n" + "\n".join(lines))
+    publish(text, DOC, START, END, write=not args.no_write)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
