@@ -18,7 +18,7 @@ p2p 0.05 s):
 
 Nothing is asserted; the table goes to docs/optimizer.md between markers.
 
-    python scripts/bench_relaxation.py                  # about 9 minutes
+    python scripts/bench_relaxation.py                  # about 13 minutes
     python scripts/bench_relaxation.py --size 8x16 --keep 6,7:30 --windows 30:30 --no-write
 
 ``--keep``: ``device,device,...:seconds`` groups separated by ``/`` (``a-b`` is a range).
