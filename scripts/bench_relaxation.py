@@ -124,12 +124,12 @@ def main() -> int:
              "| devices with capacity | status | best found | bound | time |",
              "|---|---|---|---|---|"]
     for group in filter(None, args.keep.split("/")):
-        devices, _, seconds = group.partition(":")
-        keep = _devices(devices)
-        status, best, bound, took = relaxation(problem, ticks, hint, lower, keep,
-                                               float(seconds or 60))
+        devices, _, text = group.partition(":")
+        seconds = float(text or 60)
+        status, best, bound, took = relaxation(problem, ticks, hint, lower,
+                                               _devices(devices), seconds)
         row = (f"| {devices} | {status} | {best:g} s | {bound:g} s | "
-               f"{took:.1f} s of {float(seconds or 60):g} |")
+               f"{took:.1f} s of {seconds:g} |")
         print(row, flush=True)
         lines.append(row)
     searched = solve_cpsat(problem, warm_start=pool, time_limit=args.search,
@@ -139,12 +139,13 @@ def main() -> int:
               f"the placement, {start.makespan / ticks.scale:g} s):", "",
               "| window | tasks freed | found | proven | time |", "|---|---|---|---|---|"]
     for pair in filter(None, args.windows.split("/")):
-        end, _, seconds = pair.partition(":")
+        end, _, text = pair.partition(":")
+        seconds = float(text or 60)
         freed, found, proven, took = warmup_window(problem, ticks, start, lower,
-                                                   float(end), float(seconds or 60))
+                                                   float(end), seconds)
         row = (f"| [0, {float(end):g} s) | {freed} | "
                f"{'nothing shorter' if found is None else f'{found:g} s'} | "
-               f"{'yes' if proven else 'no'} | {took:.1f} s of {float(seconds or 60):g} |")
+               f"{'yes' if proven else 'no'} | {took:.1f} s of {seconds:g} |")
         print(row, flush=True)
         lines.append(row)
     text = ("Measured with `python scripts/bench_relaxation.py` on 2 CPU cores, 2 solver "

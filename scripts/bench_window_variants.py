@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""Variants of the time-window search on a chunked placement at budget S, over seeds.
+
+Why this script: the window search's answers at 8 x 16 and 16 x 32 (budget S, V shape)
+move by about 0.4 s from run to run, so a change to it can only be judged over several
+runs. This runs CP-SAT alone on the placement (``cpsat.solve_cpsat``, hinted with the
+fitting fixed and list schedules, as the driver hints it) for a given time, once per
+seed of the window search and per variant, on the benchmark's problem
+(``bench_solver.bench_problem``: F = B = W = 1 s, p2p 0.05 s). The variants are
+patches of :mod:`optpipe.optimizer.decompose` for the run, none of them kept (why:
+docs/optimizer.md, "16 x 32 at S: the bound or the search?"):
+
+* ``plain``: the committed search;
+* ``unavoidable``: the idle no schedule avoids (before a device's earliest start,
+  after its last task's least tail) left out of where windows are drawn;
+* ``origin``: a third of the windows start at time 0;
+* ``step12``: 12 s steps (``TIME_STEP_LIMIT``) instead of 6;
+* ``warmup-first``: one window over the first 28% of the schedule, up to 15 s,
+  before the drawn windows;
+* ``warmup-last``: the same window after them (they stop 16 s early).
+
+Nothing is asserted; the table goes to docs/optimizer.md between markers.
+
+    python scripts/bench_window_variants.py        # all: about 45 minutes
+    python scripts/bench_window_variants.py --sizes 8x16 --variants plain,warmup-last \\
+        --seeds 1,2 --seconds 20 --no-write
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench_solver import bench_problem  # noqa: E402
+from docblock import publish  # noqa: E402
+
+DOC = ROOT / "docs" / "optimizer.md"
+START, END = "<!-- window-variants:start -->", "<!-- window-variants:end -->"
+VARIANTS = ("plain", "unavoidable", "origin", "step12", "warmup-first", "warmup-last")
+#: the warm-up window: this share of the schedule, up to this many seconds
+WARMUP_SHARE, WARMUP_SECONDS, WARMUP_RESERVE = 0.28, 15.0, 16.0
+
+
+def _unavoidable_idle_left_out(decompose, graph) -> None:
+    """Draw windows only around idle time some schedule could avoid."""
+    from optpipe.optimizer.preprocess import earliest_starts, tails
+
+    es, tail = earliest_starts(graph), tails(graph)
+    first = [min(es[k] for k in graph.device_keys(d)) for d in range(graph.devices)]
+    last = [min(tail[k] for k in graph.device_keys(d)) for d in range(graph.devices)]
+
+    def idle_gaps(best):
+        gaps = []
+        for d, seq in enumerate(best.order):
+            edge = first[d]
+            for begin, end in sorted(best.times[k][:2] for k in seq):
+                if begin > edge:
+                    gaps.append((edge, begin))
+                edge = max(edge, end)
+            if best.makespan - last[d] > edge:
+                gaps.append((edge, best.makespan - last[d]))
+        return gaps
+    decompose.idle_gaps = idle_gaps
+
+
+def _warmup_step(decompose, problem, ticks, best, lower: int, deadline: float,
+                 threads: int, seconds: float):
+    """``best`` after one window over its first :data:`WARMUP_SHARE`, if shorter."""
+    stepper = decompose._Stepper(problem, ticks, lower, deadline, threads, seconds)
+    free = {k for seq in best.order for k in seq
+            if best.times[k][0] < WARMUP_SHARE * best.makespan}
+    found = stepper.run(best, free, decompose.WindowStats(), frozen_before=0)
+    return found if found is not None and found.makespan <= best.makespan else best
+
+
+def run(stages: int, microbatches: int, shape: str, variant: str, seed: int,
+        seconds: float) -> float:
+    """One run: the makespan CP-SAT alone returns with ``variant`` patched in."""
+    from optpipe.optimizer import decompose
+    from optpipe.optimizer.cpsat import make_ticks, solve_cpsat
+    from optpipe.optimizer.driver import _add_list_schedules, _hint_pool
+    from optpipe.optimizer.preprocess import fixed_schedules
+    from optpipe.schedule import searched_placements
+
+    problem = bench_problem(stages, microbatches, stages, False)
+    place = searched_placements(stages)[shape]
+    saved = (decompose.time_window_search, decompose.idle_gaps,
+             decompose._window_start, decompose.TIME_STEP_LIMIT)
+    search = functools.partial(saved[0], seed=seed)
+    try:
+        if variant == "unavoidable":
+            _unavoidable_idle_left_out(decompose, make_ticks(problem, True, False, (),
+                                                             place).graph)
+        elif variant == "origin":
+            drawn = saved[2]
+            decompose._window_start = (
+                lambda best, width, rng: 0 if rng.random() < 1 / 3 else drawn(best, width, rng))
+        elif variant == "step12":
+            decompose.TIME_STEP_LIMIT = 12.0
+        elif variant == "warmup-first":
+            def warmup_first(problem, ticks, hint, **kw):
+                hint = _warmup_step(decompose, problem, ticks, hint, kw["lower"],
+                                    kw["deadline"], kw["threads"], WARMUP_SECONDS)
+                return saved[0](problem, ticks, hint, seed=seed, **kw)
+            search = warmup_first
+        elif variant == "warmup-last":
+            def warmup_last(problem, ticks, hint, **kw):
+                deadline = kw["deadline"]
+                best, stats = saved[0](problem, ticks, hint, seed=seed,
+                                       **{**kw, "deadline": deadline - WARMUP_RESERVE})
+                left = deadline - time.monotonic() - 1
+                if left > 3:
+                    best = _warmup_step(decompose, problem, ticks, best, kw["lower"],
+                                        deadline, kw["threads"], min(WARMUP_SECONDS, left))
+                return best, stats
+            search = warmup_last
+        elif variant != "plain":
+            raise SystemExit(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
+        decompose.time_window_search = search
+        fixed = fixed_schedules(problem)
+        _add_list_schedules(problem, fixed, True)
+        result = solve_cpsat(problem, warm_start=_hint_pool(fixed, True),
+                             time_limit=seconds, placement=place, threads=2)
+    finally:
+        (decompose.time_window_search, decompose.idle_gaps,
+         decompose._window_start, decompose.TIME_STEP_LIMIT) = saved
+    return result.objective
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="16x32,8x16", help="SxM, ... (default 16x32,8x16)")
+    ap.add_argument("--placement", default="v", choices=("v", "interleaved"))
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--seeds", default="1,2,3,4")
+    ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args()
+    seeds = [int(x) for x in args.seeds.split(",")]
+    rows = ["| size | variant | makespan per seed (" + ", ".join(map(str, seeds)) +
+            ") | mean |", "|---|---|---|---|"]
+    for size in args.sizes.split(","):
+        stages, microbatches = (int(x) for x in size.split("x"))
+        for variant in args.variants.split(","):
+            found = [run(stages, microbatches, args.placement, variant, seed, args.seconds)
+                     for seed in seeds]
+            row = (f"| {stages} x {microbatches} | {variant} | "
+                   f"{', '.join(f'{x:g}' for x in found)} s | "
+                   f"{statistics.mean(found):.2f} s |")
+            print(row, flush=True)
+            rows.append(row)
+    text = (f"Measured with `python scripts/bench_window_variants.py` on 2 CPU cores, "
+            f"2 solver threads, CP-SAT alone on the {args.placement} placement at budget "
+            f"S for {args.seconds:g} s per run (F = B = W = 1 s, p2p 0.05 s).\n\n"
+            + "\n".join(rows))
+    publish(text, DOC, START, END, write=not args.no_write)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
