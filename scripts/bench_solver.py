@@ -215,7 +215,10 @@ def write_library(stages_list: list[int], mem: str, time_limit: float) -> None:
 
     ``optpipe solve --stages S --mem MEM`` then answers from ``schedules/`` at once (the
     entry is re-validated and re-simulated before use, and ignored if the cost model's
-    numbers change, since the key is the problem's content hash).
+    numbers change, since the key is the problem's content hash). Solved with the cache
+    on, so an entry that is still current is kept as it is, and a stale one (an older
+    search revision, not proven) is solved again from itself as a warm start: a new
+    revision never leaves the library slower (``cache.previous``).
     """
     from optpipe import costmodel
     from optpipe.optimizer.driver import solve
@@ -226,7 +229,7 @@ def write_library(stages_list: list[int], mem: str, time_limit: float) -> None:
         problem = costmodel.build_problem(
             costmodel.DEFAULT_MODEL, costmodel.DEFAULT_HARDWARE, stages=stages,
             microbatches=costmodel.DEFAULT_MICROBATCHES).with_budget(parse_bytes(mem))
-        res = solve(problem, time_limit=time_limit, cache=False, progress=False)
+        res = solve(problem, time_limit=time_limit, cache=True, progress=False)
         from optpipe.optimizer import cache as cache_mod
         key = cache_mod.cache_key(problem, solver="auto", split_backward=True,
                                   offload=bool(res.schedule.provenance.get("offload")),

@@ -8,6 +8,7 @@ Every figure is the simulator's.
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 
@@ -15,7 +16,7 @@ from optpipe.errors import OptPipeError
 from optpipe.generators import GENERATORS, applicable, generate
 from optpipe.generators.listsched import Policy, list_schedule
 from optpipe.problem import Problem, uniform_problem
-from optpipe.schedule import Op, from_orders, linear_placement, v_placement
+from optpipe.schedule import Op, from_orders, interleaved_placement, linear_placement, v_placement
 from optpipe.simulator import simulate
 
 NAMES = ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "zb-auto",
@@ -210,6 +211,53 @@ def test_engine_memory_is_exact_and_its_estimate_bounds_the_simulation(layout, p
     result = simulate(problem, from_orders("engine", placement, 9, run.orders))
     assert [kept(result, d) for d in range(5)] == run.peak_kept
     assert result.makespan <= run.estimate + 1e-9
+
+
+@pytest.mark.parametrize("reserve", [0.5, 0.2])
+@pytest.mark.parametrize("layout", ["v", "interleaved"])
+def test_a_partial_reserve_keeps_memory_exact_and_within_the_cap(layout, reserve):
+    """Holding back only part of the later chunks' bytes lets more microbatches in, so a
+    later chunk's forward is checked against the cap itself: the engine's peaks are the
+    simulator's and within the cap, or the run says it stalled."""
+    from optpipe.generators.listsched import Stalled
+
+    problem = varied(5, 9, p2p=0.4)
+    placement = v_placement(5) if layout == "v" else interleaved_placement(5, 2)
+    target = problem.split(placement)
+    cap = tuple(2.5 * A for _ in range(5))
+    for variant in (Policy(), Policy(prefer="F", w_mode="greedy")):
+        policy = replace(variant, mem_cap=cap, reserve=reserve)
+        try:
+            run = list_schedule(target, placement, policy)
+        except Stalled:
+            continue
+        result = simulate(problem, from_orders("engine", placement, 9, run.orders))
+        assert [kept(result, d) for d in range(5)] == run.peak_kept
+        assert all(p <= c + 1e-6 for p, c in zip(run.peak_kept, cap))
+        assert result.makespan <= run.estimate + 1e-9
+        assert policy.describe()["reserve"] == reserve
+
+
+def test_a_full_reserve_is_zb_v_s_own_rule():
+    """``reserve=1`` (the default) admits exactly as before it existed: the same orders
+    whether it is given or not, and no stall raised as :class:`Stalled`."""
+    problem = varied(5, 9, p2p=0.4)
+    target = problem.split(v_placement(5))
+    cap = (2.5 * A,) * 5
+    plain = list_schedule(target, v_placement(5), Policy(mem_cap=cap))
+    full = list_schedule(target, v_placement(5), Policy(mem_cap=cap, reserve=1.0))
+    assert plain.orders == full.orders and "reserve" not in Policy().describe()
+
+
+def test_a_reserve_too_small_stalls_with_its_own_error():
+    """With nothing held back on the V shape, device 0 fills with first chunks and the
+    last chunk, which turns every microbatch around, finds no room: Stalled, not a hang."""
+    from optpipe.generators.listsched import Stalled
+
+    problem = uniform_problem(4, 8, 1.0, 1.0, 1.0)
+    target = problem.split(v_placement(4))
+    with pytest.raises(Stalled):
+        list_schedule(target, v_placement(4), Policy(mem_cap=(2.0 * A,) * 4, reserve=0.0))
 
 
 def test_engine_respects_a_memory_cap_and_never_starves():

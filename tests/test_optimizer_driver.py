@@ -441,3 +441,46 @@ def test_chunked_extensions_with_offload_only_where_no_offload_model_runs(
     result = solve(problem, time_limit=3, progress=False, offload=offload, cache=False)
     assert result.sim.fits
     assert calls == ([64] if built else [])
+
+
+def test_offloaded_starts_run_where_the_budget_holds_the_fixed_schedules_back() -> None:
+    """8 x 16 at 1F1B's memory with offload: ZB-H2 (55.4 s) does not fit and every
+    fitting fixed schedule is slower, so offloading can pay, and the offloaded list
+    schedules reach the no-memory bound (51.85 s). The admission schedules start the V
+    shape at 54.9 s, ahead of ZB-H2: the decision must be taken on the fixed schedules
+    (before the driver's own starts join them), or those offloaded starts are skipped
+    and the answer is the order model's 52.55 s (search revision 16's first table run)."""
+    problem = uniform_problem(8, 16, forward=1.0, backward_input=1.0, backward_weight=1.0,
+                              p2p=0.05, activation=1000, freed_by_b=500,
+                              static=0).activation_budget(8)
+    result = solve(problem, time_limit=30, progress=False, offload=True, cache=False)
+    admitted = [c for c in result.fixed if c.name.startswith("admit-")]
+    h2 = next(c for c in result.fixed if c.name == "zb-h2")
+    assert not h2.fits and admitted and min(c.makespan for c in admitted) < h2.makespan
+    assert result.schedule.offloads and result.sim.fits
+    assert result.sim.makespan == pytest.approx(51.85, abs=1e-6)
+
+
+def test_solving_again_never_returns_slower_than_the_stale_cache_entry(private_cache) -> None:
+    """An entry :func:`~optpipe.optimizer.cache.lookup` does not accept (an older search's,
+    not proven) is solved again, but from it: it joins the warm starts as ``cached``, and
+    the answer is never slower. ``cache=False`` leaves it out (a fresh measurement)."""
+    from dataclasses import replace
+
+    from optpipe.optimizer import cache as cache_mod
+
+    problem = uniform_problem(8, 16, forward=1.0, backward_input=1.0, backward_weight=1.0,
+                              p2p=0.05, activation=1000, freed_by_b=500,
+                              static=0).activation_budget(4)
+    good = solve(problem, time_limit=10, progress=False, offload=False, cache=False)
+    key = cache_mod.cache_key(problem, solver="auto", split_backward=True, offload=False,
+                              levels=(1.0,))
+    stale = {**good.schedule.provenance, "status": "feasible", "search_revision": 1}
+    cache_mod.store(replace(good.schedule, provenance=stale), key)
+    assert cache_mod.lookup(problem, key, time_limit=1, gap=0.0) is None
+    again = solve(problem, time_limit=1, progress=False, offload=False)
+    cached = [c for c in again.fixed if c.name == "cached"]
+    assert cached and cached[0].makespan == pytest.approx(good.sim.makespan)
+    assert again.sim.fits and again.sim.makespan <= good.sim.makespan * (1 + 1e-9)
+    fresh = solve(problem, time_limit=1, progress=False, offload=False, cache=False)
+    assert not [c for c in fresh.fixed if c.name == "cached"]

@@ -21,7 +21,11 @@ Rules, per device, whenever it is free (at the earliest such moment over all dev
    ``inflight[d]`` microbatches kept there and the kept bytes plus the new microbatch's
    bytes for *all* its stages on the device within ``mem_cap[d]`` (reserving the later
    chunks' bytes at admission is what makes V placements deadlock-free under a cap);
-   a device with nothing kept always admits, so the engine never starves; with
+   a device with nothing kept always admits, so the engine never starves. With
+   ``reserve`` below 1 only that share of the later chunks' bytes is reserved (for
+   the new microbatch and for those admitted whose later chunks have not run), and
+   a later chunk's F must then fit the cap itself; such a run can stall (every
+   device waiting for memory nothing will free), which :class:`Stalled` reports; with
    ``guard_b`` a ready F is held back when a B whose input is already on its way would
    arrive before the F ends (ZB-H2's "no F in front of the first B");
 3. otherwise a pending W runs when ``w_mode="greedy"``, when an F is held back by
@@ -60,6 +64,7 @@ class Policy:
     inflight: tuple[float, ...] | None = None  # per device: max microbatches kept
     mem_cap: tuple[float, ...] | None = None   # per device: max kept activation bytes
     guard_b: bool = False                      # no F that would delay a B already on its way
+    reserve: float = 1.0                       # share of later chunks' bytes held at admission
 
     def describe(self) -> dict[str, object]:
         """JSON-ready knobs for a schedule's provenance."""
@@ -68,7 +73,13 @@ class Policy:
                 [None if c == INF else int(c) for c in self.inflight],
                 "mem_cap": None if self.mem_cap is None else
                 [None if c == INF else int(c) for c in self.mem_cap],
-                "guard_b": self.guard_b}
+                "guard_b": self.guard_b, **({} if self.reserve == 1.0 else
+                                            {"reserve": self.reserve})}
+
+
+class Stalled(RuntimeError):
+    """A run with ``reserve`` below 1 left every device waiting for memory that nothing
+    will free: that policy has no schedule for the problem (the caller drops it)."""
 
 
 @dataclass
@@ -146,10 +157,16 @@ class _Engine:
 
     # --------------------------------------------------------------- admission
     def _admissible(self, s: int, d: int) -> bool:
-        if s != self.entry[d] or self.kept[d] == 0:
+        r = self.policy.reserve
+        act = self.p.activation[s]
+        if s != self.entry[d]:
+            # reserved in full at admission, a later chunk always fits; else check
+            return r >= 1.0 or self.mem[d] + act <= self.mem_cap[d]
+        if self.kept[d] == 0:
             return True
+        later = self.reserved[d] + self.need[d] - act
         return (self.kept[d] < self.inflight_cap[d]
-                and self.mem[d] + self.reserved[d] + self.need[d] <= self.mem_cap[d])
+                and self.mem[d] + act + r * later <= self.mem_cap[d])
 
     # ---------------------------------------------------------------- decision
     def _decide(self, d: int, t: float) -> tuple[tuple[str, int, int] | None, float]:
@@ -264,6 +281,9 @@ class _Engine:
         while remaining:
             guard -= 1
             if not heap or guard < 0:
+                if self.policy.reserve < 1.0:
+                    raise Stalled(f"reserve {self.policy.reserve}: every device waits "
+                                  "for memory")
                 raise RuntimeError("list scheduler stalled; this is a bug in optpipe")
             t, seq, d = heapq.heappop(heap)
             if seq != self.seq[d] or not self.left[d]:

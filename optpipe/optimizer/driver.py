@@ -212,10 +212,13 @@ def solve(problem: Problem, *, solver: str = "auto", offload: bool | None = None
     reporter = _progress_sink(progress)
     # decided before the warm starts below join the candidates (they fit, and fast)
     binds = _memory_binds_hard(fixed, use_offload, split_backward)
+    held_back = _held_back(fixed, _bar(fixed, True, split_backward))
     # what the extended schedules' sources prove on fewer microbatches, for the cuts
     proven = PrefixCuts()
     _add_list_schedules(problem, fixed, split_backward, allowed)
-    if use_offload:
+    if cache:
+        _add_previous(problem, fixed, key, split_backward, allowed)
+    if use_offload and held_back:
         _add_offloaded_starts(problem, fixed, split_backward, allowed,
                               time_limit * (OFFLOAD_STARTS_SHARE if binds
                                             else OFFLOAD_STARTS_SHARE_SOFT))
@@ -381,14 +384,42 @@ def _add_list_schedules(problem: Problem, fixed: FixedSet, split_backward: bool,
     schedules only). Not on one stage per device: the fixed schedules hold memory-aware
     greedy list schedules there already (``preprocess.greedy_schedule``), and these
     were never faster than the best fixed schedule there
-    (``scripts/bench_listsched.py``), only one more set of hints to sort.
+    (``scripts/bench_listsched.py``), only one more set of hints to sort. With split
+    backwards, ZB-V's greedy holding back only part of each microbatch's later-chunk
+    bytes (:func:`~.listsched.admission_schedules`; about 0.7 s per placement at 16 x 32).
     """
-    from optpipe.optimizer.listsched import list_schedules
+    from optpipe.optimizer.listsched import admission_schedules, list_schedules
 
     for label, place, split in _shapes(problem, split_backward, allowed):
         if place == linear_placement(problem.devices):
             continue
         _add_fitting(problem, fixed, list_schedules(problem, place, split), label)
+        if split:
+            _add_fitting(problem, fixed, admission_schedules(problem, place), label)
+
+
+def _add_previous(problem: Problem, fixed: FixedSet, key: str, split_backward: bool,
+                  allowed: tuple[str, ...] | None) -> None:
+    """Add the cached answer that :func:`~.cache.lookup` did not accept (an older
+    search's, or one with less time, not proven) as a warm start named ``cached``.
+
+    Why: solving again should never return slower than the schedule it replaces; the
+    search starts from it on its placement, and the driver's never-worse rule returns
+    it when nothing beats it. Added with the other warm starts, after the decisions
+    taken on the fixed schedules alone (whether memory binds hard, whether offloading
+    can help).
+    """
+    hit = cache_mod.previous(problem, key)
+    if hit is None or (allowed is not None and placement_name(
+            hit.schedule.placement, problem.devices) not in allowed):
+        return
+    if not split_backward and hit.schedule.splits_backward:
+        return
+    label = placement_name(hit.schedule.placement, problem.devices)
+    schedule = replace(hit.schedule, name="cached", provenance={
+        **hit.schedule.provenance, "source": "optimizer", "name": "cached",
+        "cached_from": str(hit.path), "placement": label})
+    fixed.candidates.append(Candidate("cached", schedule, hit.result))
 
 
 def _add_fitting(problem: Problem, fixed: FixedSet, schedules: Sequence[Schedule],
@@ -411,14 +442,17 @@ def _add_offloaded_starts(problem: Problem, fixed: FixedSet, split_backward: boo
     the minute from 4 x 16 on (S/2 on the benchmark); these plans for a looser budget, fitted by offloading, beat pipeoffload
     on the benchmark at S/2 (docs/optimizer.md, "Offloaded list schedules"). Only when
     some schedule without offload is faster but does not fit (otherwise offloading
-    cannot help). The chunked placements first, factor by factor (they gave every
-    fastest one; interleaved chunks before the V shape), one stage per device last,
-    until ``seconds`` have passed.
+    cannot help); the caller decides that on the fixed schedules, before its own warm
+    starts join them (since search revision 16: the admission schedules at budget S
+    start ahead of every fixed schedule that does not fit, 54.9 s against ZB-H2's 55.4 s
+    at 8 x 16, and deciding after them dropped these starts where they are the answer:
+    8 x 16 with offload went from 51.85 s, proven, to 52.55 s, and 16 x 32 from 104.25 s
+    to 108.95 s, in the table's run). The chunked placements first, factor by factor
+    (they gave every fastest one; interleaved chunks before the V shape), one stage
+    per device last, until ``seconds`` have passed.
     """
     from optpipe.optimizer.offload_starts import FACTORS, offloaded_list_schedules
 
-    if not _held_back(fixed, _bar(fixed, True, split_backward)):
-        return
     linear = linear_placement(problem.devices)
     shapes = _shapes(problem, split_backward, allowed)
     tries = sorted(((factor, shape) for factor in FACTORS for shape in shapes),
@@ -645,14 +679,16 @@ def _add_chunked_extended(problem: Problem, fixed: FixedSet, split_backward: boo
 def chunked_source_hints(label: str, place: list[int], split: bool, fused_faster: bool
                          ) -> Callable[[Problem], list[Schedule]]:
     """The hints a chunked placement's extensions start their source from: for a
-    problem with fewer microbatches, its fitting fixed and list schedules on ``place``,
-    fastest first (what the search on the full problem starts from too). Public for
-    ``scripts/bench_extend.py``, which measures the same sources."""
-    from optpipe.optimizer.listsched import list_schedules
+    problem with fewer microbatches, its fitting fixed, list and admission schedules on
+    ``place``, fastest first (what the search on the full problem starts from too).
+    Public for ``scripts/bench_extend.py``, which measures the same sources."""
+    from optpipe.optimizer.listsched import admission_schedules, list_schedules
 
     def hints(half: Problem) -> list[Schedule]:
         half_fixed = fixed_schedules(half)
         _add_fitting(half, half_fixed, list_schedules(half, place, split), label)
+        if split:
+            _add_fitting(half, half_fixed, admission_schedules(half, place), label)
         return [c.schedule for c in _fitting_on(half_fixed, place, split, fused_faster,
                                                  False)]
     return hints
