@@ -410,12 +410,11 @@ def _add_previous(problem: Problem, fixed: FixedSet, key: str, split_backward: b
     can help).
     """
     hit = cache_mod.previous(problem, key)
-    if hit is None or (allowed is not None and placement_name(
-            hit.schedule.placement, problem.devices) not in allowed):
-        return
-    if not split_backward and hit.schedule.splits_backward:
+    if hit is None or (not split_backward and hit.schedule.splits_backward):
         return
     label = placement_name(hit.schedule.placement, problem.devices)
+    if allowed is not None and label not in allowed:
+        return
     schedule = replace(hit.schedule, name="cached", provenance={
         **hit.schedule.provenance, "source": "optimizer", "name": "cached",
         "cached_from": str(hit.path), "placement": label})

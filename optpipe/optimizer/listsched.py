@@ -35,9 +35,8 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from typing import Sequence
-
 from dataclasses import replace
+from typing import Sequence
 
 from optpipe.generators import listsched as greedy
 from optpipe.generators.zbv import VARIANTS
