@@ -14,8 +14,14 @@ placement's lower bound (``preprocess.lower_bound`` and ``memory_bound``), and t
 seconds each family took (building and simulating). Nothing is asserted; the table goes
 to docs/optimizer.md between markers.
 
+``--shares SxM`` adds a second table: at budget S, per chunked placement, the best
+simulated makespan of ZB-V's greedy over its eight variants at each share of the
+later-chunk bytes held back at admission (1.0 is ZB-V's rule; "stalls" when every
+variant does).
+
     python scripts/bench_listsched.py                    # about a minute
     python scripts/bench_listsched.py --sizes 8x32 --presets "" --no-write
+    python scripts/bench_listsched.py --presets "" --sizes "" --shares 16x32
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ from docblock import publish  # noqa: E402
 
 DOC = ROOT / "docs" / "optimizer.md"
 START, END = "<!-- listsched:start -->", "<!-- listsched:end -->"
+SHARES_START, SHARES_END = "<!-- listsched-shares:start -->", "<!-- listsched-shares:end -->"
+SHARES = (1.0, 0.5, 0.4, 0.3, 0.2, 0.1, 0.0)
 BUDGETS = (("S/2", 0.5), ("S", 1.0), ("2S", 2.0))
 
 
@@ -75,6 +83,39 @@ def row(label: str, problem) -> list[str]:
     return lines
 
 
+def share_rows(stages: int, microbatches: int) -> list[str]:
+    """Per chunked placement at budget S: ZB-V's greedy, best of its variants, by share."""
+    from dataclasses import replace
+
+    from optpipe.generators import listsched as greedy
+    from optpipe.generators.zbv import VARIANTS
+    from optpipe.schedule import from_orders, searched_placements
+    from optpipe.simulator import simulate
+
+    problem = bench_problem(stages, microbatches, stages, False)
+    cap = tuple(float(problem.budget[d] - problem.static[d]) for d in range(stages))
+    lines = []
+    for name, place in searched_placements(stages).items():
+        if name == "linear":
+            continue
+        cells = []
+        for share in SHARES:
+            best = None
+            for variant in VARIANTS:
+                try:
+                    run = greedy.list_schedule(problem.split(place), place,
+                                               replace(variant, mem_cap=cap, reserve=share))
+                except greedy.Stalled:
+                    continue
+                result = simulate(problem, from_orders("x", place, microbatches, run.orders))
+                if result.fits and (best is None or result.makespan < best):
+                    best = result.makespan
+            cells.append("stalls" if best is None else f"{best:.4g} s")
+        lines.append(f"| {stages}×{microbatches} at S | {name} | " + " | ".join(cells) + " |")
+        print(lines[-1], flush=True)
+    return lines
+
+
 def main() -> int:
     from optpipe.cli_common import add_problem_args, problem_from_args
 
@@ -82,8 +123,20 @@ def main() -> int:
     ap.add_argument("--presets", default="4,8,16",
                     help="stage counts of `optpipe solve --stages S --mem 80GB`")
     ap.add_argument("--sizes", default="8x32,16x32,16x64", help="benchmark SxM")
+    ap.add_argument("--shares", default="", help="SxM, ...: the share table (see above)")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
+    if args.shares:
+        rows = ["| problem | placement | " + " | ".join(f"share {x:g}" for x in SHARES) + " |",
+                "|---|---|" + "---|" * len(SHARES)]
+        for spec in args.shares.split(","):
+            rows += share_rows(*(int(v) for v in spec.split("x")))
+        publish("Measured with `python scripts/bench_listsched.py --presets \"\" --sizes \"\" "
+                f"--shares {args.shares}` (best fitting makespan of ZB-V's eight variants; "
+                "F = B = W = 1 s, p2p 0.05 s).\n\n" + "\n".join(rows), DOC,
+                SHARES_START, SHARES_END, write=not args.no_write)
+        if not (args.presets or args.sizes):
+            return 0
     lines = ["| problem | placement | best fixed (gap) | best list schedule (gap) | "
              "list schedules took | best admission schedule (gap) | they took |",
              "|---|---|---|---|---|---|---|"]

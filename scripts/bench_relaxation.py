@@ -104,6 +104,16 @@ def warmup_window(problem, ticks, start, lower: int, end: float, seconds: float
             stepper.proven, took)
 
 
+def _groups(spec: str) -> list[tuple[str, float]]:
+    """``"a:60/b:120/c"`` as [("a", 60.0), ("b", 120.0), ("c", 60.0)]: what to run, and
+    its seconds (60 unless given)."""
+    out = []
+    for group in filter(None, spec.split("/")):
+        what, _, text = group.partition(":")
+        out.append((what, float(text or 60)))
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", default="16x32", help="SxM (default 16x32)")
@@ -123,9 +133,7 @@ def main() -> int:
              f"the start {hint.makespan / ticks.scale:g} s):", "",
              "| devices with capacity | status | best found | bound | time |",
              "|---|---|---|---|---|"]
-    for group in filter(None, args.keep.split("/")):
-        devices, _, text = group.partition(":")
-        seconds = float(text or 60)
+    for devices, seconds in _groups(args.keep):
         status, best, bound, took = relaxation(problem, ticks, hint, lower,
                                                _devices(devices), seconds)
         row = (f"| {devices} | {status} | {best:g} s | {bound:g} s | "
@@ -138,9 +146,7 @@ def main() -> int:
     lines += ["", f"**Warm-up windows** (from the schedule of a {args.search:g} s search on "
               f"the placement, {start.makespan / ticks.scale:g} s):", "",
               "| window | tasks freed | found | proven | time |", "|---|---|---|---|---|"]
-    for pair in filter(None, args.windows.split("/")):
-        end, _, text = pair.partition(":")
-        seconds = float(text or 60)
+    for end, seconds in _groups(args.windows):
         freed, found, proven, took = warmup_window(problem, ticks, start, lower,
                                                    float(end), seconds)
         row = (f"| [0, {float(end):g} s) | {freed} | "

@@ -388,14 +388,12 @@ def _add_list_schedules(problem: Problem, fixed: FixedSet, split_backward: bool,
     backwards, ZB-V's greedy holding back only part of each microbatch's later-chunk
     bytes (:func:`~.listsched.admission_schedules`; about 0.7 s per placement at 16 x 32).
     """
-    from optpipe.optimizer.listsched import admission_schedules, list_schedules
+    from optpipe.optimizer.listsched import warm_starts
 
     for label, place, split in _shapes(problem, split_backward, allowed):
         if place == linear_placement(problem.devices):
             continue
-        _add_fitting(problem, fixed, list_schedules(problem, place, split), label)
-        if split:
-            _add_fitting(problem, fixed, admission_schedules(problem, place), label)
+        _add_fitting(problem, fixed, warm_starts(problem, place, split), label)
 
 
 def _add_previous(problem: Problem, fixed: FixedSet, key: str, split_backward: bool,
@@ -681,13 +679,11 @@ def chunked_source_hints(label: str, place: list[int], split: bool, fused_faster
     problem with fewer microbatches, its fitting fixed, list and admission schedules on
     ``place``, fastest first (what the search on the full problem starts from too).
     Public for ``scripts/bench_extend.py``, which measures the same sources."""
-    from optpipe.optimizer.listsched import admission_schedules, list_schedules
+    from optpipe.optimizer.listsched import warm_starts
 
     def hints(half: Problem) -> list[Schedule]:
         half_fixed = fixed_schedules(half)
-        _add_fitting(half, half_fixed, list_schedules(half, place, split), label)
-        if split:
-            _add_fitting(half, half_fixed, admission_schedules(half, place), label)
+        _add_fitting(half, half_fixed, warm_starts(half, place, split), label)
         return [c.schedule for c in _fitting_on(half_fixed, place, split, fused_faster,
                                                  False)]
     return hints

@@ -27,8 +27,9 @@ each new microbatch's later-chunk bytes held back when it is admitted. Why: ZB-V
 them all, so on the V shape device 0 starts at most ``S`` microbatches before the first
 one comes back and then idles (16 x 32 at budget S: 8.5 s of its 114 s); holding a
 fifth of them lets it run more forwards into that gap, 111.35 s, and the time windows
-from there reached 108.15 and 109.4 s in two 60 s runs where they end at 110.65-111.7 s
-from ZB-V (`scripts/bench_listsched.py` measures the starts).
+from there reached 107.65-109.6 s in three 60 s runs where they end at 110.65-111.7 s
+from ZB-V (`scripts/bench_listsched.py` measures the starts,
+`scripts/bench_window_variants.py` the search from them).
 """
 
 from __future__ import annotations
@@ -219,3 +220,14 @@ def admission_schedules(problem: Problem, placement: Sequence[int]) -> list[Sche
         schedule.provenance = {"source": "optimizer", "name": name, **policy.describe()}
         out.append(schedule)
     return out
+
+
+def warm_starts(problem: Problem, placement: Sequence[int],
+                split_backward: bool = True) -> list[Schedule]:
+    """What the driver starts a chunked placement from besides the fixed schedules: the
+    list schedules and, with split backwards (ZB-V's greedy models no fused backward),
+    the admission schedules. Unsimulated; the caller keeps those that fit."""
+    starts = list_schedules(problem, placement, split_backward)
+    if split_backward:
+        starts += admission_schedules(problem, placement)
+    return starts
