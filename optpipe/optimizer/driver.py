@@ -25,6 +25,7 @@ from typing import Any, Callable, Sequence
 
 from optpipe.errors import InfeasibleError, OptPipeError
 from optpipe.optimizer import cache as cache_mod
+from optpipe.optimizer.gcpause import with_fewer_collections
 from optpipe.optimizer.prefix import MAX_PIECE, PrefixCuts, prefix_cuts, truncated_hints
 from optpipe.optimizer.preprocess import (Candidate, FixedSet, fixed_schedules,
                                           infeasible_devices, lower_bound, memory_bound,
@@ -150,6 +151,7 @@ class SolveResult:
         return self.sim.makespan
 
 
+@with_fewer_collections
 def solve(problem: Problem, *, solver: str = "auto", offload: bool | None = None,
           split_backward: bool = True, time_limit: float = 60.0, gap: float = 0.0,
           threads: int = 2, cache: bool = True, progress: bool | ProgressFn = True,

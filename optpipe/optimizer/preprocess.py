@@ -766,6 +766,9 @@ def greedy_schedule(problem: Problem, split_backward: bool = True, *,
     t = 0.0
     total = S * M * len((Op.F, *bops))
     done = 0
+    # every time something may change: each action's end, and its end plus the p2p lag
+    # (a heap, not a scan of every end: at 16 x 64 the scan took 1.8 s of the solve)
+    events: list[float] = []
     while done < total:
         progressed = False
         for s in range(S):
@@ -802,6 +805,8 @@ def greedy_schedule(problem: Problem, split_backward: bool = True, *,
             start = max(t, free[s])
             end[choice] = start + length(op, s)
             free[s] = end[choice]
+            heapq.heappush(events, end[choice])
+            heapq.heappush(events, end[choice] + lag)
             order[s].append(choice)
             if op is Op.F:
                 nf[s] += 1
@@ -818,12 +823,12 @@ def greedy_schedule(problem: Problem, split_backward: bool = True, *,
             done += 1
             progressed = True
         if not progressed:
-            later = [x for x in free if x > t + 1e-12] + [
-                e + g for e in end.values() for g in (0.0, lag) if e + g > t + 1e-12]
-            if not later:      # nothing runs and nothing may start: the budget is too small
+            while events and events[0] <= t + 1e-12:
+                heapq.heappop(events)
+            if not events:     # nothing runs and nothing may start: the budget is too small
                 raise OptPipeError(f"greedy schedule stuck at {t:.6g}s: no forward fits "
                                    f"the memory budget")
-            t = min(later)
+            t = events[0]
     label = name or (f"greedy{'-eager' if eager_w else ''}{'-protect' if protect_b else ''}"
                      f"{f'-r{reserve}' if reserve else ''}")
     return _from_orders(label, problem, order)
