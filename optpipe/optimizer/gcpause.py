@@ -12,7 +12,9 @@ search began at 10.3–13.5 s; with the thresholds below, 62, 3 and 0, and it be
 passes find nothing; memory is not what the collector would have saved.
 
 The thresholds are raised for the call and put back after it (nested calls keep the
-outer call's), so a program that imports optpipe keeps its own settings.
+outer call's), so a program that imports optpipe keeps its own settings; during the
+call they hold for the whole process (the collector has no per-thread setting), so a
+program's other threads collect less often for that long too.
 """
 
 from __future__ import annotations
