@@ -370,3 +370,19 @@ def test_pipeoffload_says_when_it_cannot_fit():
     schedule = generate("pipeoffload", problem)
     assert schedule.provenance["fits"] is False
     assert not simulate(problem, schedule).fits
+
+
+def test_zb_v_s_kept_choice_gives_each_caller_its_own_schedule() -> None:
+    """zb_v keeps its choice per problem (pipeoffload asks for it again): a caller that
+    changes the schedule it got must not change what the next caller gets."""
+    problem = uniform_problem(4, 8, p2p=0.05)
+    first = generate("zb-v", problem)
+    shape = [[a.key for a in acts] for acts in first.actions]
+    first.actions[0].reverse()
+    first.provenance["name"] = "changed"
+    second = generate("zb-v", problem)
+    assert second is not first
+    assert [[a.key for a in acts] for acts in second.actions] == shape
+    assert second.provenance["name"] == "zb-v"
+    assert simulate(problem, second).makespan == pytest.approx(
+        simulate(problem, generate("zb-v", replace(problem, name="other"))).makespan)
