@@ -212,21 +212,27 @@ def solve(problem: Problem, *, solver: str = "auto", offload: bool | None = None
                                fixed=_shown(everything, fixed))
 
     reporter = _progress_sink(progress)
+    # the live line between warm-start phases (at 16 x 64 they take 8 s or more)
+    tick = _heartbeat(reporter, t0, fixed, use_offload, split_backward) or (lambda: None)
     # decided before the warm starts below join the candidates (they fit, and fast)
     binds = _memory_binds_hard(fixed, use_offload, split_backward)
     held_back = _held_back(fixed, _bar(fixed, True, split_backward))
     # what the extended schedules' sources prove on fewer microbatches, for the cuts
     proven = PrefixCuts()
+    tick()
     _add_list_schedules(problem, fixed, split_backward, allowed)
     if cache:
         _add_previous(problem, fixed, key, split_backward, allowed)
+    tick()
     if use_offload and held_back:
         _add_offloaded_starts(problem, fixed, split_backward, allowed,
                               time_limit * (OFFLOAD_STARTS_SHARE if binds
                                             else OFFLOAD_STARTS_SHARE_SOFT))
+        tick()
     if binds:
         _add_periodic(problem, fixed, split_backward, use_offload,
                       time_limit * PERIODIC_SHARE, threads, allowed)
+        tick()
         _add_extended(problem, fixed, split_backward, use_offload,
                       time_limit * _extend_share(problem), threads, allowed,
                       _heartbeat(reporter, t0, fixed, use_offload, split_backward),
