@@ -40,17 +40,14 @@ def zb_v(problem: Problem) -> Schedule:
     simulated.
     """
     require_base(problem, "zb-v")
-    orders, policy = _best_orders(problem)
+    orders, policy = _kept_choice(problem)     # a Problem hashes: its figures are tuples
     return build("zb-v", v_placement(problem.devices), problem.microbatches,
                  [list(seq) for seq in orders], knobs=policy.describe())
 
 
-@functools.lru_cache(maxsize=4)
-def _best_orders(problem: Problem) -> tuple[tuple[tuple, ...], Policy]:
-    """:func:`zb_v`'s choice for ``problem``, kept for the next call with the same
-    problem: the optimizer's fixed schedules ask for ZB-V twice, as itself and as one of
-    pipeoffload's bases, and at 16 x 64 each choice took 0.5 s (eight greedy runs and
-    their simulations). The orders are tuples, so no caller can change the kept copy."""
+def _choose(problem: Problem) -> tuple[tuple[tuple, ...], Policy]:
+    """:func:`zb_v`'s orders and the variant that made them (tuples: see
+    :func:`_kept_choice`)."""
     devices = problem.devices
     placement = v_placement(devices)
     split = problem.split(placement)
@@ -75,3 +72,10 @@ def _best_orders(problem: Problem) -> tuple[tuple[tuple, ...], Policy]:
             best = (makespan, run.orders, policy)
     _, orders, policy = best
     return tuple(tuple(seq) for seq in orders), policy
+
+
+#: :func:`_choose` kept for the next call with the same problem. Why: the optimizer's
+#: fixed schedules ask for ZB-V twice, as itself and as one of pipeoffload's bases, and
+#: at 16 x 64 each choice took 0.5 s (eight greedy runs and their simulations). The
+#: orders are tuples, so no caller can change the kept copy.
+_kept_choice = functools.lru_cache(maxsize=4)(_choose)
