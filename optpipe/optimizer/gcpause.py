@@ -9,8 +9,8 @@ search: at 16 x 64, budget S, 4,697 young, 426 middle and 30 full collections, a
 search began at 10.3–13.5 s; with the thresholds below, 62, 3 and 0, and it began at
 8.0–9.4 s (three runs each in fresh processes, 2026-12-02: `measure` of
 `scripts/bench_presearch.py` with the thresholds set by hand; the script itself
-measures the driver as it is). Those objects are not garbage and hold almost no cycles, so the
-passes find nothing; memory is not what the collector would have saved.
+measures the driver as it is). Those objects are not garbage and hold almost no
+cycles, so the passes find nothing; memory is not what the collector would have saved.
 
 The thresholds are raised for the call and put back after it (nested calls keep the
 outer call's), so a program that imports optpipe keeps its own settings; during the
