@@ -17,7 +17,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from optpipe.errors import OptPipeError
 from optpipe.problem import Problem
@@ -84,9 +84,9 @@ class CacheHit:
     path: Path
 
 
-def _checked(problem: Problem, key: str, use_user_cache: bool):
+def _checked(problem: Problem, key: str, use_user_cache: bool) -> Iterator[CacheHit]:
     """Every cached schedule for ``key`` that validates, matches the problem's hash and
-    simulates within budget, user cache first: (hit, its provenance)."""
+    simulates within budget, user cache first."""
     dirs = ([cache_dir()] if use_user_cache else []) + library_dirs()
     for folder in dirs:
         path = folder / f"{key}.json"
@@ -102,7 +102,7 @@ def _checked(problem: Problem, key: str, use_user_cache: bool):
         except (OptPipeError, ValueError, TypeError, json.JSONDecodeError):
             continue
         if result.fits:
-            yield CacheHit(schedule, result, path), prov
+            yield CacheHit(schedule, result, path)
 
 
 def lookup(problem: Problem, key: str, *, time_limit: float, gap: float,
@@ -113,7 +113,8 @@ def lookup(problem: Problem, key: str, *, time_limit: float, gap: float,
     ``time_limit`` seconds by the current search (:data:`SEARCH_REVISION`); and in every case
     when it validates, matches the problem's hash, and simulates within budget.
     """
-    for hit, prov in _checked(problem, key, use_user_cache):
+    for hit in _checked(problem, key, use_user_cache):
+        prov = hit.schedule.provenance
         proven = prov.get("status") == "optimal" and float(prov.get("gap") or 0.0) <= gap
         longer = float(prov.get("time_limit") or 0.0) >= time_limit and \
             int(prov.get("search_revision") or 1) >= SEARCH_REVISION
@@ -131,8 +132,8 @@ def previous(problem: Problem, key: str, *, use_user_cache: bool = True) -> Cach
     preset: 1.7846 s from revision 15's 180 s, 1.7965 and 1.7989 s from two runs of
     revision 16's, whose admission schedules start its V shape elsewhere).
     """
-    hits = [hit for hit, _ in _checked(problem, key, use_user_cache)]
-    return min(hits, key=lambda hit: hit.result.makespan, default=None)
+    return min(_checked(problem, key, use_user_cache), key=lambda hit: hit.result.makespan,
+               default=None)
 
 
 def store(schedule: Schedule, key: str, folder: Path | None = None) -> Path | None:

@@ -212,8 +212,10 @@ def solve(problem: Problem, *, solver: str = "auto", offload: bool | None = None
                                fixed=_shown(everything, fixed))
 
     reporter = _progress_sink(progress)
-    # the live line between warm-start phases (at 16 x 64 they take 8 s or more)
-    tick = _heartbeat(reporter, t0, fixed, use_offload, split_backward) or (lambda: None)
+    # the live line while warm starts are built (at 16 x 64 they take 8 s or more):
+    # between the phases here, and inside the extensions and the offloaded refinement
+    heartbeat = _heartbeat(reporter, t0, fixed, use_offload, split_backward)
+    tick = heartbeat or (lambda: None)
     # decided before the warm starts below join the candidates (they fit, and fast)
     binds = _memory_binds_hard(fixed, use_offload, split_backward)
     held_back = _held_back(fixed, _bar(fixed, True, split_backward))
@@ -235,14 +237,14 @@ def solve(problem: Problem, *, solver: str = "auto", offload: bool | None = None
         tick()
         _add_extended(problem, fixed, split_backward, use_offload,
                       time_limit * _extend_share(problem), threads, allowed,
-                      _heartbeat(reporter, t0, fixed, use_offload, split_backward),
+                      heartbeat,
                       proven)
     elif solver in ("auto", "cpsat") and not (use_offload and _offload_model_built(problem)):
         # without an offload model the order models search as without offload, and the
         # extensions are their start as there
         _add_chunked_extended(problem, fixed, split_backward,
                               time_limit * CHUNKED_EXTEND_SHARE, threads, allowed,
-                              _heartbeat(reporter, t0, fixed, use_offload, split_backward))
+                              heartbeat)
     best_fixed = _bar(fixed, use_offload, split_backward)
     runs: list[EngineResult] = []
     engine = "cpsat" if solver == "auto" else solver
@@ -261,7 +263,7 @@ def solve(problem: Problem, *, solver: str = "auto", offload: bool | None = None
         if use_offload:
             _refine_offloaded(problem, fixed, runs, split_backward, allowed,
                               t0 + time_limit, threads, union_bound,
-                              _heartbeat(reporter, t0, fixed, use_offload, split_backward))
+                              heartbeat)
             best_fixed = _bar(fixed, use_offload, split_backward)
     finally:
         if reporter is not None and hasattr(reporter, "close"):
