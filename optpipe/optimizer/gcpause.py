@@ -7,9 +7,9 @@ live object each time enough younger passes have run, and with the default thres
 (700, 10, 10) those full passes cost the driver a third of its time before the
 search: at 16 x 64, budget S, 4,697 young, 426 middle and 30 full collections, and the
 search began at 10.3–13.5 s; with the thresholds below, 62, 3 and 0, and it began at
-8.0–9.4 s (three runs each in fresh processes, 2026-12-02: `measure` of
-`scripts/bench_presearch.py` with the thresholds set by hand; the script itself
-measures the driver as it is). Those objects are not garbage and hold almost no
+8.0–9.4 s (three runs each in fresh processes, 2026-12-02; rerun with
+`python scripts/bench_presearch.py --sizes 16x64 --budgets 1 --no-write`, with and
+without `--default-gc`: 8.6–9.3 s raised, 11.2–12.2 s default, three runs each). Those objects are not garbage and hold almost no
 cycles, so the passes find nothing; memory is not what the collector would have saved.
 
 The thresholds are raised for the call and put back after it (nested calls keep the
