@@ -186,6 +186,35 @@ def test_solve_cpsat_packs_chunked_placements_by_time_windows() -> None:
     assert result.bound <= result.objective * (1 + 1e-9)
 
 
+def test_large_chunked_placements_start_their_windows_from_the_hint(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past ``TIME_FULL_MAX_CELLS`` (patched down so that 8 x 16 is past it) the full
+    model is not run first: the time windows start from the hint and take the whole
+    limit, and the run returns a fitting schedule at its simulated makespan, never
+    worse than the hint, with the memory bounds as its bound."""
+    from optpipe.optimizer import cpsat
+
+    monkeypatch.setattr(cpsat, "TIME_FULL_MAX_CELLS", 64)
+    problem = uniform_problem(8, 16, forward=1.0, backward_input=1.0,
+                              backward_weight=1.0, p2p=0.05, activation=1000,
+                              freed_by_b=500, name="v-8x16").activation_budget(8)
+    pool = [c.schedule for c in sorted(fixed_schedules(problem).candidates,
+                                       key=lambda c: c.makespan) if c.fits]
+    result = solve_cpsat(problem, warm_start=pool, time_limit=8, threads=2,
+                         placement=searched_placements(8)["v"])
+    assert result.extra["full_model"].startswith("not run")
+    assert "variables" not in result.extra
+    assert result.extra["time_window_steps"] >= 1
+    assert result.status in (OPTIMAL, FEASIBLE)
+    sim = simulate(problem, result.schedule)
+    assert sim.fits
+    assert sim.makespan == pytest.approx(result.objective, rel=1e-6)
+    assert result.objective <= result.extra["hint_makespan"] * (1 + 1e-9)
+    assert result.bound == pytest.approx(min(result.extra["lower_bound"], result.objective))
+    assert result.extra["window_gain"] == pytest.approx(
+        result.extra["hint_makespan"] - result.objective)
+
+
 def test_the_full_model_gets_the_time_the_windows_leave(monkeypatch: pytest.MonkeyPatch
                                                         ) -> None:
     """When the windows stop finding shorter schedules, the full model runs again with

@@ -46,13 +46,15 @@ _PACKAGE = Path(__file__).resolve().parent.parent
 #: chunked placements) extended from a search on half the microbatches, from 64
 #: microbatches on, with offload too where no offload model is built; 16: ZB-V's greedy
 #: holding back only part of a new microbatch's later-chunk bytes, as starts on the
-#: chunked placements, and a stale entry of the cache as a start, :func:`previous`). A cached
+#: chunked placements, and a stale entry of the cache as a start, :func:`previous`; 17:
+#: the chunked placements' time windows start from the hint past 256 stage x microbatch
+#: cells, without the full model first, :data:`~.cpsat.TIME_FULL_MAX_CELLS`). A cached
 #: schedule from an older search that was not proven optimal is solved again: the same
 #: problem and time limit may now give a faster one. Not bumped for the warm-up memory
 #: bound (2026-12-01): it proves more but searches the same way (the window search
 #: still keys on the round trip), so a cached answer would come back no faster; its
 #: stored bound is true, only weaker.
-SEARCH_REVISION = 16
+SEARCH_REVISION = 17
 
 
 def cache_dir() -> Path:

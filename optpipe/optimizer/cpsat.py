@@ -64,6 +64,14 @@ WINDOW = 8
 #: --full-shares 0.4` then gave 52.75 s and proven 100.55 s against 52.65 s and 100.65 s,
 #: so the two are within the runs' noise; 0.1 proved 8 x 32 both times.
 TIME_FULL_SHARE = 0.1
+#: ... up to this many stage x microbatch cells; beyond, the time windows start from the
+#: hint at once (:func:`_windows_from_hint`). Why: there the full model's share returned
+#: nothing better than its hint (CP-SAT alone on the V shape at S, 55 s, by hand
+#: 2026-12-02: 8 x 64, 65.8k variables, and 16 x 64, 107.5k, not even the hint after 5 s,
+#: 8-11 s with building the model; 16 x 32 only its hint, twice), while the windows
+#: improve in nearly every step there. Through the driver, 8 x 64 at S went from 197.15
+#: to 196.65 s (docs/optimizer.md, "Decomposition").
+TIME_FULL_MAX_CELLS = 256
 #: Rows over all stages of a device (not each stage alone) up to this many microbatches.
 CROSS_STAGE_MAX_MICROBATCHES = 16
 #: CP-SAT's work limit for its transitive closure of precedences (its default: 1e6); 0
@@ -859,6 +867,15 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
         lower = max(lower, int(math.ceil(cuts.makespan_bound(problem.microbatches)
                                          * ticks.scale - 1e-6)))
     lower = min(lower, horizon)
+    deadline = t0 + time_limit
+    cells = problem.stages * problem.microbatches
+    large = cells >= DECOMPOSE_MIN_CELLS
+    # the chunked placements are packed by time windows (:func:`~.decompose.
+    # time_window_search`) once the full model has had its share
+    by_time = decompose_auto and not offload and large and placement is not None
+    if by_time and cells > TIME_FULL_MAX_CELLS:
+        return _windows_from_hint(problem, ticks, hint, lower, deadline, threads,
+                                  progress, t0)
     began = time.monotonic()
     if offload:
         builder, handles = build_tight_model(problem, ticks, horizon, lower, hint, levels)
@@ -866,11 +883,6 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
         builder, handles = build_order_model(problem, ticks, horizon, lower, hint,
                                              cuts=cuts)
     builder.add_hints()
-    deadline = t0 + time_limit
-    large = problem.stages * problem.microbatches >= DECOMPOSE_MIN_CELLS
-    # the chunked placements are packed by time windows (:func:`~.decompose.
-    # time_window_search`) once the full model has had its share
-    by_time = decompose_auto and not offload and large and placement is not None
     if decompose is None:
         # one stage per device: microbatch windows where memory binds the round trip
         # (the optimal steady state is a pattern over microbatches); elsewhere the full
@@ -980,6 +992,33 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
     return EngineResult(schedule=schedule, status=status, objective=objective, bound=bound,
                         gap=relative_gap(objective, bound), wall_time=wall, engine=ENGINE,
                         extra=extra)
+
+
+def _windows_from_hint(problem: Problem, ticks: Ticks, hint: Hint, lower: int,
+                       deadline: float, threads: int, progress: ProgressFn | None,
+                       t0: float) -> EngineResult:
+    """A chunked placement past :data:`TIME_FULL_MAX_CELLS`: the time windows from the
+    hint until ``deadline``, the full model neither built nor run. The bound is
+    ``lower`` (the memory bounds), all the full model proved there too."""
+    from optpipe.optimizer.decompose import time_window_search
+
+    timed, stats = time_window_search(problem, ticks, hint, lower=lower, deadline=deadline,
+                                      threads=threads, progress=progress, t0=t0,
+                                      bound=lower / ticks.scale, proof_seconds=math.inf)
+    objective, bound = timed.makespan / ticks.scale, min(lower, timed.makespan) / ticks.scale
+    extra: dict[str, Any] = {
+        "tick_seconds": 1.0 / ticks.scale, "exact_ticks": ticks.exact, "model": "order",
+        "hint": hint.schedule.name, "hint_makespan": hint.makespan / ticks.scale,
+        "lower_bound": lower / ticks.scale, "placement": graph_placement(ticks.graph),
+        "full_model": f"not run: over {TIME_FULL_MAX_CELLS} stage x microbatch cells",
+        "time_window_steps": stats.steps, "time_window_improvements": stats.improvements,
+        "time_window_ticks": stats.window,
+        "window_gain": (hint.makespan - timed.makespan) / ticks.scale,
+        "solver_objective": objective}
+    return EngineResult(schedule=timed.schedule,
+                        status=OPTIMAL if timed.makespan <= lower else FEASIBLE,
+                        objective=objective, bound=bound, gap=relative_gap(objective, bound),
+                        wall_time=time.monotonic() - t0, engine=ENGINE, extra=extra)
 
 
 def _closing_run(problem: Problem, ticks: Ticks, timed: Hint, lower: int,
