@@ -155,6 +155,12 @@ def test_window_search_starts_from_the_hint_when_the_full_model_reports_nothing(
                          placement=searched_placements(16)["v"], decompose=True)
     assert result.extra.get("full_model"), "the full model reported a schedule in 0.1 s"
     assert result.extra["window_steps"] >= 1
+    assert_a_valid_run(problem, result)
+
+
+def assert_a_valid_run(problem: Problem, result) -> None:
+    """What every engine run must be: a fitting schedule at its simulated makespan, never
+    worse than its hint, above its own bound."""
     assert result.status in (OPTIMAL, FEASIBLE)
     sim = simulate(problem, result.schedule)
     assert sim.fits
