@@ -1181,10 +1181,16 @@ def _expected_overrun(problem: Problem, placement: list[int], engine: str) -> fl
     (`scripts/bench_cpsat_params.py`) and this estimate was 8 times larger, which cost
     the user's time: a 20 s solve of llama2-70b on 16 stages ended after 12 s (by hand;
     19 s now, the same script). Later runs use the larger of this and the
-    overrun measured (a run that stopped early measures nothing).
+    overrun measured (a run that stopped early measures nothing). None past
+    :data:`~.cpsat.TIME_FULL_MAX_CELLS`: there the run is window steps from the start,
+    which plan their own overrun against the deadline (holding this back left 1-1.7 s
+    of the minute unused at 8 x 64 and 16 x 64, search revision 17's runs).
     """
+    from optpipe.optimizer.cpsat import TIME_FULL_MAX_CELLS
+
     chunks = len(placement) // problem.devices
-    if engine != "cpsat" or chunks == 1:
+    if engine != "cpsat" or chunks == 1 or \
+            problem.stages * problem.microbatches > TIME_FULL_MAX_CELLS:
         return 0.0
     return OVERRUN_PER_CHUNK_CELL * chunks * problem.stages * problem.microbatches
 
