@@ -24,7 +24,7 @@ docs/optimizer.md, "16 x 32 at S: the bound or the search?"):
 
 Nothing is asserted; the table goes to docs/optimizer.md between markers.
 
-    python scripts/bench_window_variants.py        # all: about 45 minutes
+    python scripts/bench_window_variants.py        # all: about an hour
     python scripts/bench_window_variants.py --sizes 8x16 --variants plain,warmup-last \\
         --seeds 1,2 --seconds 20 --no-write
 """
