@@ -868,12 +868,11 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
                                          * ticks.scale - 1e-6)))
     lower = min(lower, horizon)
     deadline = t0 + time_limit
-    cells = problem.stages * problem.microbatches
-    large = cells >= DECOMPOSE_MIN_CELLS
+    large = problem.stages * problem.microbatches >= DECOMPOSE_MIN_CELLS
     # the chunked placements are packed by time windows (:func:`~.decompose.
     # time_window_search`) once the full model has had its share
     by_time = decompose_auto and not offload and large and placement is not None
-    if by_time and cells > TIME_FULL_MAX_CELLS:
+    if by_time and windows_from_the_start(problem):
         return _windows_from_hint(problem, ticks, hint, lower, deadline, threads,
                                   progress, t0)
     began = time.monotonic()
@@ -906,13 +905,9 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
     # how far past its limit the first ran (its load is not interruptible)
     full_model_start = built + max(0.0, time.monotonic() - solving - first_limit)
     wall = time.monotonic() - t0
-    extra: dict[str, Any] = {"tick_seconds": 1.0 / ticks.scale, "exact_ticks": ticks.exact,
-                             "model": "tight" if offload else "order",
-                             "variables": len(builder.model.proto.variables),
-                             "constraints": len(builder.model.proto.constraints),
-                             "hint": hint.schedule.name, "hint_makespan": horizon / ticks.scale,
-                             "lower_bound": lower / ticks.scale,
-                             "placement": graph_placement(ticks.graph), **handles.size}
+    extra = {**_run_extra(ticks, hint, lower, "tight" if offload else "order"),
+             "variables": len(builder.model.proto.variables),
+             "constraints": len(builder.model.proto.constraints), **handles.size}
     if offload:
         extra["offload_levels"] = list(levels)
     status = {cp_model.OPTIMAL: OPTIMAL, cp_model.FEASIBLE: FEASIBLE,
@@ -963,9 +958,7 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
         else:
             timed, stats = time_window_search(problem, ticks, timed, **common,
                                               proof_seconds=full_model_start)
-            extra.update(time_window_steps=stats.steps,
-                         time_window_improvements=stats.improvements,
-                         time_window_ticks=stats.window)
+            extra.update(_time_window_extra(stats))
             if timed.makespan > best_bound and \
                     deadline - time.monotonic() > 1 + full_model_start:
                 timed, closing_bound, extra["closing_run"], proven = _closing_run(
@@ -1006,19 +999,34 @@ def _windows_from_hint(problem: Problem, ticks: Ticks, hint: Hint, lower: int,
                                       threads=threads, progress=progress, t0=t0,
                                       bound=lower / ticks.scale, proof_seconds=math.inf)
     objective, bound = timed.makespan / ticks.scale, min(lower, timed.makespan) / ticks.scale
-    extra: dict[str, Any] = {
-        "tick_seconds": 1.0 / ticks.scale, "exact_ticks": ticks.exact, "model": "order",
-        "hint": hint.schedule.name, "hint_makespan": hint.makespan / ticks.scale,
-        "lower_bound": lower / ticks.scale, "placement": graph_placement(ticks.graph),
-        "full_model": f"not run: over {TIME_FULL_MAX_CELLS} stage x microbatch cells",
-        "time_window_steps": stats.steps, "time_window_improvements": stats.improvements,
-        "time_window_ticks": stats.window,
-        "window_gain": (hint.makespan - timed.makespan) / ticks.scale,
-        "solver_objective": objective}
+    extra = {**_run_extra(ticks, hint, lower, "order"), **_time_window_extra(stats),
+             "full_model": f"not run: over {TIME_FULL_MAX_CELLS} stage x microbatch cells",
+             "window_gain": (hint.makespan - timed.makespan) / ticks.scale,
+             "solver_objective": objective}
     return EngineResult(schedule=timed.schedule,
                         status=OPTIMAL if timed.makespan <= lower else FEASIBLE,
                         objective=objective, bound=bound, gap=relative_gap(objective, bound),
                         wall_time=time.monotonic() - t0, engine=ENGINE, extra=extra)
+
+
+def windows_from_the_start(problem: Problem) -> bool:
+    """Does a chunked placement's run begin with the time windows, the full model
+    neither built nor run first (past :data:`TIME_FULL_MAX_CELLS`)? The driver plans
+    such a run's time by it too (:func:`~.driver._expected_overrun`)."""
+    return problem.stages * problem.microbatches > TIME_FULL_MAX_CELLS
+
+
+def _run_extra(ticks: Ticks, hint: Hint, lower: int, model: str) -> dict[str, Any]:
+    """What every run's ``extra`` says of its model and start."""
+    return {"tick_seconds": 1.0 / ticks.scale, "exact_ticks": ticks.exact, "model": model,
+            "hint": hint.schedule.name, "hint_makespan": hint.makespan / ticks.scale,
+            "lower_bound": lower / ticks.scale, "placement": graph_placement(ticks.graph)}
+
+
+def _time_window_extra(stats: Any) -> dict[str, Any]:
+    """A time-window search's figures for ``extra`` (:class:`~.decompose.WindowStats`)."""
+    return {"time_window_steps": stats.steps, "time_window_improvements": stats.improvements,
+            "time_window_ticks": stats.window}
 
 
 def _closing_run(problem: Problem, ticks: Ticks, timed: Hint, lower: int,

@@ -1186,11 +1186,10 @@ def _expected_overrun(problem: Problem, placement: list[int], engine: str) -> fl
     which plan their own overrun against the deadline (holding this back left 1-1.7 s
     of the minute unused at 8 x 64 and 16 x 64, search revision 17's runs).
     """
-    from optpipe.optimizer.cpsat import TIME_FULL_MAX_CELLS
+    from optpipe.optimizer.cpsat import windows_from_the_start
 
     chunks = len(placement) // problem.devices
-    if engine != "cpsat" or chunks == 1 or \
-            problem.stages * problem.microbatches > TIME_FULL_MAX_CELLS:
+    if engine != "cpsat" or chunks == 1 or windows_from_the_start(problem):
         return 0.0
     return OVERRUN_PER_CHUNK_CELL * chunks * problem.stages * problem.microbatches
 
