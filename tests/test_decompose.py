@@ -15,8 +15,9 @@ import time
 import pytest
 from ortools.sat.python import cp_model
 
-from optpipe.optimizer.cpsat import (_extract, _pick_hint, build_order_model, make_hint,
-                                     make_ticks, new_solver, solve_cpsat)
+from optpipe.optimizer.cpsat import (CROSS_STAGE_MAX_MICROBATCHES, _extract, _pick_hint,
+                                     build_order_model, make_hint, make_ticks, new_solver,
+                                     solve_cpsat)
 from optpipe.optimizer.decompose import (TIME_WINDOW_GROWTH, _next_width, _Stepper,
                                          _window_start, idle_gaps, pinned_windows,
                                          time_window_search)
@@ -61,7 +62,7 @@ def solve_window(problem: Problem, ticks, best, free: set, compact: bool,
     return round(solver.objective_value)
 
 
-def middle_window(seed: int, shape: str):
+def middle_window(seed: int, shape: str, microbatches: int | None = None):
     """A small uneven problem with a tight budget on ``shape``, its fastest fitting
     start, and a window in the middle of it: about a third of the tasks, those that
     start from ``at`` on. Returns (problem, ticks, start, free, at)."""
@@ -69,8 +70,9 @@ def middle_window(seed: int, shape: str):
     stages = 4 if shape == "linear" else 3
     # interleaved 1F1B, the only fixed schedule there to start from, needs 4 activations
     budget = 4.0 if shape == "interleaved" else rng.choice([1.0, 1.5, 2.0])
-    problem = uneven(rng, stages, 8 if shape == "interleaved" else rng.choice([6, 8]),
-                     budget)
+    if microbatches is None:
+        microbatches = 8 if shape == "interleaved" else rng.choice([6, 8])
+    problem = uneven(rng, stages, microbatches, budget)
     placement = None if shape == "linear" else searched_placements(stages)[shape]
     ticks, best = start_of(problem, placement)
     keys = [k for seq in best.order for k in seq]
@@ -89,6 +91,20 @@ def test_the_compact_window_model_has_the_full_models_optimum(seed: int, shape: 
     optimum, and its schedule fits."""
     problem, ticks, best, free, _ = middle_window(seed, shape)
     assert solve_window(problem, ticks, best, free, True) == \
+        solve_window(problem, ticks, best, free, False)
+
+
+@pytest.mark.parametrize("seed,shape", [(5, "linear"), (6, "v")])
+def test_a_long_window_step_has_the_full_models_optimum(seed: int, shape: str) -> None:
+    """Past :data:`~optpipe.optimizer.cpsat.CROSS_STAGE_MAX_MICROBATCHES` a device's
+    memory rows see each stage alone; a step's model there, with its rows' literals
+    only where the order is open (a task free, the pinned windows not deciding it),
+    must prove the full model's optimum for the same window."""
+    problem, ticks, best, free, at = middle_window(seed, shape, CROSS_STAGE_MAX_MICROBATCHES + 2)
+    pinned = [[k for k in seq if k not in free] for seq in best.order]
+    implied = memory_implied_orders(problem, True, graph_placement(ticks.graph))
+    windows = pinned_windows(ticks.graph, best, pinned, free, implied, at)
+    assert solve_window(problem, ticks, best, free, True, windows) == \
         solve_window(problem, ticks, best, free, False)
 
 

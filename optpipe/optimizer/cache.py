@@ -48,13 +48,15 @@ _PACKAGE = Path(__file__).resolve().parent.parent
 #: holding back only part of a new microbatch's later-chunk bytes, as starts on the
 #: chunked placements, and a stale entry of the cache as a start, :func:`previous`; 17:
 #: the chunked placements' time windows start from the hint past 256 stage x microbatch
-#: cells, without the full model first, :data:`~.cpsat.TIME_FULL_MAX_CELLS`). A cached
+#: cells, without the full model first, :data:`~.cpsat.TIME_FULL_MAX_CELLS`; 18: a
+#: window step's memory rows hold a literal only where the order is open, the rest
+#: constants from the hint, and its model is built faster). A cached
 #: schedule from an older search that was not proven optimal is solved again: the same
 #: problem and time limit may now give a faster one. Not bumped for the warm-up memory
 #: bound (2026-12-01): it proves more but searches the same way (the window search
 #: still keys on the round trip), so a cached answer would come back no faster; its
 #: stored bound is true, only weaker.
-SEARCH_REVISION = 17
+SEARCH_REVISION = 18
 
 
 def cache_dir() -> Path:

@@ -30,6 +30,7 @@ converted back, and the driver re-simulates in seconds.
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
 from dataclasses import dataclass, field
@@ -245,6 +246,21 @@ def _memory_units(problem: Problem, s: int, levels: Sequence[float] = ()
             int(math.floor(room / unit)))
 
 
+def _domains(g: TaskGraph, horizon: int, windows: Mapping[Key, tuple[int, int]] | None
+             ) -> dict[Key, tuple[int, int]]:
+    """Every start variable's domain: the graph's own time windows within ``horizon``,
+    narrowed by ``windows`` where given."""
+    es = earliest_starts(g)
+    ls = latest_starts(g, horizon)
+    out = {}
+    for k in g.keys:
+        lo, hi = es[k], ls[k]
+        if windows is not None and k in windows:
+            lo, hi = max(lo, windows[k][0]), min(hi, windows[k][1])
+        out[k] = (lo, hi)
+    return out
+
+
 def _base_vars(b: _Builder, g: TaskGraph, horizon: int, lower: int,
                hint: Hint | None, windows: Mapping[Key, tuple[int, int]] | None = None,
                devices: Collection[int] | None = None
@@ -255,15 +271,10 @@ def _base_vars(b: _Builder, g: TaskGraph, horizon: int, lower: int,
     windows; the caller vouches that they cut off no schedule of the model within
     ``horizon`` (a window step's, :func:`~.decompose.pinned_windows`). ``devices``:
     those that run one task at a time (default all)."""
-    es = earliest_starts(g)
-    ls = latest_starts(g, horizon)
     start: dict[Key, Any] = {}
     interval: dict[Key, Any] = {}
-    for k in g.keys:
+    for k, (lo, hi) in _domains(g, horizon, windows).items():
         name = f"{k[0].value}_{k[1]}_{k[2]}"
-        lo, hi = es[k], ls[k]
-        if windows is not None and k in windows:
-            lo, hi = max(lo, windows[k][0]), min(hi, windows[k][1])
         start[k] = b.int_var(lo, hi, name, hint.times[k][0] if hint else None)
         interval[k] = b.model.new_fixed_size_interval_var(start[k], int(g.duration[k]),
                                                           "i" + name)
@@ -328,10 +339,11 @@ def build_order_model(problem: Problem, ticks: Ticks, horizon: int, lower: int,
         b.model.add(start[f] >= start[k] + int(dur[k]))
     implied_set = set(implied)
     free_set = None if free is None else set(free)
+    domains = _domains(g, horizon, windows) if free_set is not None else None
     for d in range(g.devices) if capacity is None else sorted(capacity):
         rows += _order_memory(b, g, d, start, hint, implied_set,
                               cross=problem.microbatches <= CROSS_STAGE_MAX_MICROBATCHES,
-                              free=free_set)
+                              free=free_set, domains=domains)
     if g.placement:
         # the device's exact memory: its rows see each stage alone beyond
         # CROSS_STAGE_MAX_MICROBATCHES (below, redundant: it helps propagation)
@@ -377,7 +389,8 @@ def _imply(b: _Builder, a: Any, c: Any) -> None:
 
 def _order_memory(b: _Builder, g: TaskGraph, d: int, start: dict[Key, Any],
                   hint: Hint | None, implied: set[tuple[Key, Key]], cross: bool = True,
-                  free: set[Key] | None = None) -> int:
+                  free: set[Key] | None = None,
+                  domains: Mapping[Key, tuple[int, int]] | None = None) -> int:
     """Memory rows of device ``d`` at every forward's start, from order booleans.
 
     For the row of ``F(s, i)``: ``x[(op, s', j)]`` says task ``(op, s', j)`` on the same
@@ -388,7 +401,10 @@ def _order_memory(b: _Builder, g: TaskGraph, d: int, start: dict[Key, Any],
     device with several stages gets rows for each stage alone (valid: other stages only
     add memory; the cumulative keeps it exact) — full rows grow as (stages x M)^2.
     With ``free`` (a window step), the order of two tasks outside it is the hint's, a
-    constant: their precedence is already pinned. Returns the row count.
+    constant: their precedence is already pinned; so is the order of any two tasks
+    whose start variables' ``domains`` decide it (one ends by the other's earliest
+    start however both are placed) — the hint keeps the domains, so its order is that
+    one. Returns the row count.
     """
     p = g.problem
     dur = g.duration
@@ -406,16 +422,19 @@ def _order_memory(b: _Builder, g: TaskGraph, d: int, start: dict[Key, Any],
     act = {s: p.activation[s] // unit for s in stages}
     if M * sum(act.values()) <= room:
         return 0
+    ends = _sorted_ends(g, stages, hint) if free is not None and hint is not None else None
+    free_js: dict[tuple[Op, int], list[int]] = {}
+    for op, o, j in sorted(free or (), key=lambda k: k[2]):
+        free_js.setdefault((op, o), []).append(j)
     rows = 0
     for s in stages:
         others = sum(M * act[o] for o in stages if o != s) if cross else 0
         first = next((i for i in range(M) if (i + 1) * act[s] + others > room), None)
         if first is None:
             continue
-        prev: dict[tuple[Op, int, int], Any] = {}
+        prev: _Row | None = None
         for i in range(first, M):
             f = (Op.F, s, i)
-            x: dict[tuple[Op, int, int], Any] = {}
             families: list[tuple[Op, int, int, int]] = []   # op, stage, count, coefficient
             for o in stages:
                 if o != s and not cross:
@@ -425,45 +444,157 @@ def _order_memory(b: _Builder, g: TaskGraph, d: int, start: dict[Key, Any],
                 for op, amt in releases[o]:
                     if amt:
                         families.append((op, o, i if o == s else M, -(amt // unit)))
-            terms = []
             constant = (i + 1) * act[s]
-            f_pinned = free is not None and f not in free
-            for op, o, count, coef in families:
-                for j in range(count):
+            if ends is not None:
+                row = _sparse_row(b, families, f, hint, ends, free, free_js, domains, dur)
+                constant += row.constant
+            else:
+                row = _Row({(op, o): count for op, o, count, _ in families})
+                for op, o, count, _ in families:
+                    for j in range(count):
+                        k = (op, o, j)
+                        row.lits[k] = b.bool_var(
+                            f"{op.value}{o}_{j}<F{s}_{i}",
+                            hint.times[k][1] <= hint.times[f][0] if hint else None)
+            terms = []
+            for op, o, count, coef in families:       # each literal's meaning
+                for j in row.literal_js(op, o):
                     k = (op, o, j)
-                    value = None
-                    if hint:
-                        value = hint.times[k][1] <= hint.times[f][0]
-                    if f_pinned and k not in free:       # both pinned: the hint's order
-                        x[k] = value
-                        constant += coef * value
-                        continue
-                    lit = b.bool_var(f"{op.value}{o}_{j}<F{s}_{i}", value)
-                    x[k] = lit
+                    lit = row.lits[k]
                     if (k, f) in implied:
                         b.model.add(lit == 1)
                     b.model.add(start[f] >= start[k] + int(dur[k])).only_enforce_if(lit)
                     b.model.add(start[k] >= start[f] + int(dur[f])).only_enforce_if(~lit)
                     terms.append(coef * lit)
             for op, o, count, _ in families:     # the staircases
-                for j in range(count):
+                for j in row.touched_js(op, o, count, prev):
                     k = (op, o, j)
                     if j > 0:
-                        _imply(b, x[k], x[(op, o, j - 1)])
-                    if k in prev:
-                        _imply(b, prev[k], x[k])
+                        _imply(b, row[k], row[(op, o, j - 1)])
+                    if prev is not None and k in prev:
+                        _imply(b, prev[k], row[k])
             for o in stages:          # W_j done => B_j done; B_j done => F_j started
-                for j in range(i if o == s else M):
-                    if (Op.W, o, j) in x and (Op.B, o, j) in x:
-                        _imply(b, x[(Op.W, o, j)], x[(Op.B, o, j)])
+                for j in row.stage_js(o, i if o == s else M):
+                    if (Op.W, o, j) in row and (Op.B, o, j) in row:
+                        _imply(b, row[(Op.W, o, j)], row[(Op.B, o, j)])
                     for op in (Op.B, Op.BW):
-                        if o != s and (op, o, j) in x:
-                            _imply(b, x[(op, o, j)], x[(Op.F, o, j)])
+                        if o != s and (op, o, j) in row:
+                            _imply(b, row[(op, o, j)], row[(Op.F, o, j)])
             if terms:
                 b.model.add(constant + sum(terms) <= room)
-            prev = x
+            prev = row
             rows += 1
     return rows
+
+
+class _Row:
+    """The order literals of one memory row (:func:`_order_memory`): ``lits`` holds a
+    literal for every task that has one; a task without one (in a window step, where
+    its order to the row's forward is pinned or decided, :func:`_sparse_row`) has the
+    hint's order, a constant: ended by ``at``, the forward's start in the hint.
+
+    Why a class and not a dict of every task: a window step at 16 x 64 has ~100 rows
+    per device of ~300 tasks each, nearly all of them constants, and walking them all
+    took about half of the step's build; the rows' constraints only concern the
+    literals and their neighbours, so a row keeps those and answers the rest from the
+    hint.
+    """
+
+    def __init__(self, counts: dict[tuple[Op, int], int], at: int | None = None,
+                 ends: "dict[tuple[Op, int], list[int]] | None" = None) -> None:
+        self.counts = counts              # (op, stage) -> its tasks in the row: j < count
+        self.at = at                      # None: every task has a literal
+        self.ends = ends
+        self.lits: dict[Key, Any] = {}
+        self.js: dict[tuple[Op, int], list[int]] = {}   # with a literal, ascending
+        self.constant = 0
+
+    def __contains__(self, k: Key) -> bool:
+        return k[2] < self.counts.get((k[0], k[1]), 0)
+
+    def __getitem__(self, k: Key) -> Any:
+        lit = self.lits.get(k)
+        if lit is not None or self.at is None:
+            return lit
+        return self.ends[(k[0], k[1])][k[2]] <= self.at
+
+    def literal_js(self, op: Op, o: int) -> Sequence[int]:
+        """Microbatches of the family ``(op, o)`` that have a literal, ascending."""
+        if self.at is None:
+            return range(self.counts.get((op, o), 0))
+        return self.js.get((op, o), ())
+
+    def touched_js(self, op: Op, o: int, count: int, prev: "_Row | None") -> Sequence[int]:
+        """Microbatches ``j < count`` whose staircase links (to ``j - 1`` here, to ``j``
+        in ``prev``) involve a literal: between two constants they say nothing (the
+        hint is FIFO, :func:`_sorted_ends`)."""
+        if self.at is None or (prev is not None and prev.at is None):
+            return range(count)
+        js = set()
+        for j in self.literal_js(op, o):
+            js.update((j, j + 1))
+        if prev is not None:
+            js.update(prev.literal_js(op, o))
+        return sorted(j for j in js if j < count)
+
+    def stage_js(self, o: int, count: int) -> Sequence[int]:
+        """Microbatches ``j < count`` of stage ``o`` with a literal in some family."""
+        if self.at is None:
+            return range(count)
+        return sorted({j for (_, o2), js in self.js.items() if o2 == o
+                       for j in js if j < count})
+
+
+def _sorted_ends(g: TaskGraph, stages: Sequence[int], hint: Hint
+                 ) -> dict[tuple[Op, int], list[int]] | None:
+    """Per (op, stage) of the device, the hint's task ends in microbatch order; None
+    unless every family's ends ascend, as FIFO makes them: what lets a window step's row count
+    its constants by bisection and skip the links between two constants."""
+    M = g.problem.microbatches
+    ends = {}
+    for o in stages:
+        for op in g.ops:
+            e = [hint.times[(op, o, j)][1] for j in range(M)]
+            if any(a > b for a, b in zip(e, e[1:])):
+                return None
+            ends[(op, o)] = e
+    return ends
+
+
+def _sparse_row(b: _Builder, families: Sequence[tuple[Op, int, int, int]], f: Key,
+                hint: Hint, ends: dict[tuple[Op, int], list[int]], free: set[Key],
+                free_js: dict[tuple[Op, int], list[int]],
+                domains: Mapping[Key, tuple[int, int]] | None,
+                dur: Mapping[Key, float]) -> _Row:
+    """The row of forward ``f`` in a window step, with literals only for the tasks
+    whose order to ``f`` is open: one of the two free (``free_js``: per family, the
+    free microbatches, ascending) and the ``domains`` not deciding it. Literals are
+    created in the order the full row creates them; the other tasks' part of the row
+    is a constant (``row.constant``) from the hint's order."""
+    at = hint.times[f][0]
+    row = _Row({(op, o): count for op, o, count, _ in families}, at, ends)
+    s, i = f[1], f[2]
+    f_free = f in free
+    lf, uf = domains[f] if domains is not None else (None, None)
+    for op, o, count, coef in families:
+        e = ends[(op, o)]
+        done = bisect.bisect_right(e, at, 0, count)
+        js = []
+        for j in (range(count) if f_free else free_js.get((op, o), ())):
+            if j >= count:
+                break
+            k = (op, o, j)
+            if domains is not None:
+                lk, uk = domains[k]
+                if uk + int(dur[k]) <= lf or uf + int(dur[f]) <= lk:
+                    continue                    # decided: the hint's order
+            value = e[j] <= at
+            done -= value
+            row.lits[k] = b.bool_var(f"{op.value}{o}_{j}<F{s}_{i}", value)
+            js.append(j)
+        row.js[(op, o)] = js
+        row.constant += coef * done
+    return row
 
 
 def _chunked_memory(b: _Builder, g: TaskGraph, start: dict[Key, Any], hint: Hint | None,

@@ -84,6 +84,7 @@ class _Stepper:
         self.overrun = 0.0
         self.implied = memory_implied_orders(problem, ticks.graph.split_backward,
                                              graph_placement(ticks.graph))
+        self.static = static_successors(ticks.graph, self.implied)
         # the last step: did CP-SAT prove its window, and in how many seconds
         self.proven = False
         self.seconds = 0.0
@@ -108,7 +109,7 @@ class _Stepper:
         fixed = [[k for k in seq if k not in free] for seq in best.order]
         t_build = time.monotonic()
         windows = pinned_windows(self.ticks.graph, best, fixed, free, self.implied,
-                                 frozen_before)
+                                 frozen_before, self.static)
         builder, handles = build_order_model(self.problem, self.ticks, best.makespan,
                                              self.lower, best, fixed_order=fixed, free=free,
                                              windows=windows, implied=self.implied)
@@ -139,14 +140,34 @@ class _Stepper:
         return solver.solve(model)
 
 
+def static_successors(graph: Any, implied: Iterable[tuple[Any, Any]]
+                      ) -> dict[Any, list[tuple[Any, int]]]:
+    """Every task's successors (and lags, ticks) over the dependencies, the FIFO
+    chains and the orders memory implies: the part of :func:`pinned_windows`'s graph
+    that is the same in every step of a search (a stepper keeps it)."""
+    succ: dict[Any, list[tuple[Any, int]]] = {k: [] for k in graph.keys}
+    for k, before in graph.deps.items():
+        for p, lag in before:
+            succ[p].append((k, int(lag)))
+    for seq in graph.chains:
+        for a, b in zip(seq, seq[1:]):
+            succ[a].append((b, 0))
+    for a, b in implied:
+        succ[a].append((b, 0))
+    return succ
+
+
 def pinned_windows(graph: Any, best: Any, pinned: Sequence[Sequence[Any]],
                    free: Collection[Any], implied: Iterable[tuple[Any, Any]],
-                   frozen_before: int | None) -> dict[Any, tuple[int, int]]:
+                   frozen_before: int | None,
+                   static: dict[Any, list[tuple[Any, int]]] | None = None
+                   ) -> dict[Any, tuple[int, int]]:
     """Least and latest start (ticks) of every task in a window step that ends by
     ``best.makespan``: longest paths over the dependencies, the FIFO chains, the orders
     memory implies and the pinned orders (``pinned``: per device, the tasks outside
     ``free`` in their order), with the tasks that end by ``frozen_before`` at their
-    times in ``best``.
+    times in ``best``. ``static``: :func:`static_successors` of ``graph`` and
+    ``implied``, when the caller keeps it.
 
     Why: those orders are constraints of the step's model, so these windows cut off
     none of its schedules, but the graph's own windows ignore the device orders, and
@@ -154,34 +175,44 @@ def pinned_windows(graph: Any, best: Any, pinned: Sequence[Sequence[Any]],
     tasks' chains: at 16 x 64 on interleaved chunks (budget S), a window in the
     warm-up took 5.5 s of its 6 s before the first schedule and about 0.3 s with
     these windows, the same optimum (by hand, 2026-12-01).
+
+    The paths run in the order of ``best``'s starts: ``best`` keeps every one of these
+    orders, and where every task lasts at least a tick each edge goes from an earlier
+    start to a later one. (Otherwise a topological sort orders them.)
     """
     dur = graph.duration
-    succ: dict[Any, list[tuple[Any, int]]] = {k: [] for k in graph.keys}
-    preds: dict[Any, list[Any]] = {k: [] for k in graph.keys}
-
-    def edge(a: Any, b: Any, lag: int) -> None:
-        succ[a].append((b, lag))
-        preds[b].append(a)
-    for k, before in graph.deps.items():
-        for p, lag in before:
-            edge(p, k, int(lag))
-    for seq in list(graph.chains) + [list(seq) for seq in pinned]:
-        for a, b in zip(seq, seq[1:]):
-            edge(a, b, 0)
-    for a, b in implied:
-        edge(a, b, 0)
-    topo = list(graphlib.TopologicalSorter(preds).static_order())
+    succ = static_successors(graph, implied) if static is None else static
+    after = {a: b for seq in pinned for a, b in zip(seq, seq[1:])}
+    if all(int(dur[k]) > 0 for k in graph.keys):
+        topo = sorted(graph.keys, key=lambda k: best.times[k][0])
+    else:
+        preds: dict[Any, list[Any]] = {k: [] for k in graph.keys}
+        for k, nexts in succ.items():
+            for n, _ in nexts:
+                preds[n].append(k)
+        for a, b in after.items():
+            preds[b].append(a)
+        topo = list(graphlib.TopologicalSorter(preds).static_order())
     frozen = set() if frozen_before is None else {
         k for k in graph.keys if k not in free and best.times[k][1] <= frozen_before}
     least = {k: 0 for k in graph.keys}
     for k in topo:
         if k in frozen:
             least[k] = best.times[k][0]
+        reach = least[k] + int(dur[k])
         for n, lag in succ[k]:
-            least[n] = max(least[n], least[k] + int(dur[k]) + lag)
+            if reach + lag > least[n]:
+                least[n] = reach + lag
+        n = after.get(k)
+        if n is not None and reach > least[n]:
+            least[n] = reach
     tail: dict[Any, int] = {}
     for k in reversed(topo):
-        tail[k] = max((lag + int(dur[n]) + tail[n] for n, lag in succ[k]), default=0)
+        t = max((lag + int(dur[n]) + tail[n] for n, lag in succ[k]), default=0)
+        n = after.get(k)
+        if n is not None:
+            t = max(t, int(dur[n]) + tail[n])
+        tail[k] = t
     return {k: (best.times[k][0], best.times[k][0]) if k in frozen else
             (least[k], best.makespan - int(dur[k]) - tail[k]) for k in graph.keys}
 

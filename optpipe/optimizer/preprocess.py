@@ -29,6 +29,7 @@ Keys are ``(Op, stage, microbatch)`` tuples, the same as :attr:`Action.key`.
 from __future__ import annotations
 
 import bisect
+import functools
 import heapq
 import math
 from dataclasses import dataclass, field
@@ -84,7 +85,17 @@ class TaskGraph:
         return self.problem.stages // self.problem.devices
 
     def device_keys(self, device: int) -> list[Key]:
-        return [k for k in self.keys if self.device(k) == device]
+        return list(self._keys_by_device.get(device, ()))
+
+    @functools.cached_property
+    def _keys_by_device(self) -> dict[int, tuple[Key, ...]]:
+        """Each device's tasks, in ``keys`` order. Kept, like :meth:`topological`'s
+        order and the longest paths (:func:`earliest_starts`, :func:`tails`): a
+        time-window search builds a model of the same graph in every step."""
+        by: dict[int, list[Key]] = {}
+        for k in self.keys:
+            by.setdefault(self.device(k), []).append(k)
+        return {d: tuple(ks) for d, ks in by.items()}
 
     def stages_on(self, device: int) -> list[int]:
         return [s for s in range(self.problem.stages) if self.device((Op.F, s, 0)) == device]
@@ -108,6 +119,10 @@ class TaskGraph:
 
     def topological(self) -> list[Key]:
         """All keys in an order compatible with ``deps`` and ``chains``."""
+        return list(self._topological)
+
+    @functools.cached_property
+    def _topological(self) -> tuple[Key, ...]:
         succ: dict[Key, list[Key]] = {k: [] for k in self.keys}
         indeg = {k: 0 for k in self.keys}
         for k, preds in self.deps.items():
@@ -129,7 +144,39 @@ class TaskGraph:
                     ready.append(n)
         if len(out) != len(self.keys):  # pragma: no cover - the graph is a DAG by construction
             raise RuntimeError("task graph has a cycle")
-        return out
+        return tuple(out)
+
+    @functools.cached_property
+    def _earliest(self) -> dict[Key, float]:
+        es: dict[Key, float] = {}
+        chain_pred: dict[Key, Key] = {}
+        for chain in self.chains:
+            for a, b in zip(chain, chain[1:]):
+                chain_pred[b] = a
+        for key in self._topological:
+            t = 0
+            for p, lag in self.deps[key]:
+                t = max(t, es[p] + self.duration[p] + lag)
+            if key in chain_pred:
+                p = chain_pred[key]
+                t = max(t, es[p] + self.duration[p])
+            es[key] = t
+        return es
+
+    @functools.cached_property
+    def _tails(self) -> dict[Key, float]:
+        succ: dict[Key, list[tuple[Key, float]]] = {k: [] for k in self.keys}
+        for k, preds in self.deps.items():
+            for p, lag in preds:
+                succ[p].append((k, lag))
+        for chain in self.chains:
+            for a, b in zip(chain, chain[1:]):
+                succ[a].append((b, 0))
+        tail: dict[Key, float] = {}
+        for key in reversed(self._topological):
+            tail[key] = max((lag + self.duration[n] + tail[n] for n, lag in succ[key]),
+                            default=0)
+        return tail
 
 
 def graph_placement(graph: "TaskGraph") -> list[int]:
@@ -202,41 +249,15 @@ def fifo_chains(problem: Problem, split_backward: bool = True) -> list[tuple[Key
 
 # --------------------------------------------------------------- time windows
 def earliest_starts(graph: TaskGraph) -> dict[Key, float]:
-    """Earliest start of every task from dependencies, FIFO chains and device load.
-
-    A longest-path pass over ``deps`` and ``chains``; additionally a backward task on a
-    device cannot start before that device could have run the forwards it depends on.
-    """
-    es: dict[Key, float] = {}
-    chain_pred: dict[Key, Key] = {}
-    for chain in graph.chains:
-        for a, b in zip(chain, chain[1:]):
-            chain_pred[b] = a
-    for key in graph.topological():
-        t = 0
-        for p, lag in graph.deps[key]:
-            t = max(t, es[p] + graph.duration[p] + lag)
-        if key in chain_pred:
-            p = chain_pred[key]
-            t = max(t, es[p] + graph.duration[p])
-        es[key] = t
-    return es
+    """Earliest start of every task from dependencies and FIFO chains: a longest-path
+    pass over ``deps`` and ``chains`` (kept on the graph; the caller gets a copy)."""
+    return dict(graph._earliest)
 
 
 def tails(graph: TaskGraph) -> dict[Key, float]:
-    """Least time from a task's end to the end of the schedule (reverse longest path)."""
-    succ: dict[Key, list[tuple[Key, float]]] = {k: [] for k in graph.keys}
-    for k, preds in graph.deps.items():
-        for p, lag in preds:
-            succ[p].append((k, lag))
-    for chain in graph.chains:
-        for a, b in zip(chain, chain[1:]):
-            succ[a].append((b, 0))
-    tail: dict[Key, float] = {}
-    for key in reversed(graph.topological()):
-        tail[key] = max((lag + graph.duration[n] + tail[n] for n, lag in succ[key]),
-                        default=0)
-    return tail
+    """Least time from a task's end to the end of the schedule (reverse longest path;
+    kept on the graph, the caller gets a copy)."""
+    return dict(graph._tails)
 
 
 def latest_starts(graph: TaskGraph, horizon: float) -> dict[Key, float]:
