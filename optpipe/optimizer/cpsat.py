@@ -404,7 +404,8 @@ def _order_memory(b: _Builder, g: TaskGraph, d: int, start: dict[Key, Any],
     constant: their precedence is already pinned; so is the order of any two tasks
     whose start variables' ``domains`` decide it (one ends by the other's earliest
     start however both are placed) — the hint keeps the domains, so its order is that
-    one. Returns the row count.
+    one (checked pair by pair: where it is not, the pair keeps its literal). Returns
+    the row count.
     """
     p = g.problem
     dur = g.duration
@@ -568,9 +569,9 @@ def _sparse_row(b: _Builder, families: Sequence[tuple[Op, int, int, int]], f: Ke
                 dur: Mapping[Key, float]) -> _Row:
     """The row of forward ``f`` in a window step, with literals only for the tasks
     whose order to ``f`` is open: one of the two free (``free_js``: per family, the
-    free microbatches, ascending) and the ``domains`` not deciding it. Literals are
-    created in the order the full row creates them; the other tasks' part of the row
-    is a constant (``row.constant``) from the hint's order."""
+    free microbatches, ascending) and the ``domains`` not deciding it the way the hint
+    has it. Literals are created in the order the full row creates them; the other
+    tasks' part of the row is a constant (``row.constant``) from the hint's order."""
     at = hint.times[f][0]
     row = _Row({(op, o): count for op, o, count, _ in families}, at, ends)
     s, i = f[1], f[2]
@@ -584,11 +585,11 @@ def _sparse_row(b: _Builder, families: Sequence[tuple[Op, int, int, int]], f: Ke
             if j >= count:
                 break
             k = (op, o, j)
+            value = e[j] <= at
             if domains is not None:
                 lk, uk = domains[k]
-                if uk + int(dur[k]) <= lf or uf + int(dur[f]) <= lk:
-                    continue                    # decided: the hint's order
-            value = e[j] <= at
+                if (uk + int(dur[k]) <= lf and value) or (uf + int(dur[f]) <= lk and not value):
+                    continue        # the domains decide it, as the hint has it
             done -= value
             row.lits[k] = b.bool_var(f"{op.value}{o}_{j}<F{s}_{i}", value)
             js.append(j)
