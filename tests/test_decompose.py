@@ -8,6 +8,7 @@ the search must hand back valid schedules that are never worse than where it sta
 
 from __future__ import annotations
 
+import graphlib
 import math
 import random
 import time
@@ -129,6 +130,54 @@ def test_pinned_windows_hold_the_start_and_cut_off_no_optimum(seed: int, shape: 
                if k not in free and best.times[k][1] > at)
     assert solve_window(problem, ticks, best, free, True, windows) == \
         solve_window(problem, ticks, best, free, True)
+
+
+def longest_path_windows(graph, best, pinned, implied, frozen) -> dict:
+    """The windows :func:`pinned_windows` must give, the plain way: every edge in one
+    graph, ordered by a topological sort."""
+    dur = graph.duration
+    edges = [(p, k, int(lag)) for k, before in graph.deps.items() for p, lag in before]
+    edges += [(a, b, 0) for seq in list(graph.chains) + list(pinned)
+              for a, b in zip(seq, seq[1:])]
+    edges += [(a, b, 0) for a, b in implied]
+    succ: dict = {k: [] for k in graph.keys}
+    preds: dict = {k: [] for k in graph.keys}
+    for a, b, lag in edges:
+        succ[a].append((b, lag))
+        preds[b].append(a)
+    topo = list(graphlib.TopologicalSorter(preds).static_order())
+    least = {k: 0 for k in graph.keys}
+    for k in topo:
+        if k in frozen:
+            least[k] = best.times[k][0]
+        for n, lag in succ[k]:
+            least[n] = max(least[n], least[k] + int(dur[k]) + lag)
+    tail: dict = {}
+    for k in reversed(topo):
+        tail[k] = max((lag + int(dur[n]) + tail[n] for n, lag in succ[k]), default=0)
+    return {k: (best.times[k][0],) * 2 if k in frozen else
+            (least[k], best.makespan - int(dur[k]) - tail[k]) for k in graph.keys}
+
+
+@pytest.mark.parametrize("weight", [0.7, 0.0])
+def test_pinned_windows_are_the_longest_paths_of_the_steps_orders(weight: float) -> None:
+    """:func:`pinned_windows` orders its paths by the schedule's starts (and keeps the
+    edges every step shares); with zero-length tasks (W = 0), where two ends of an
+    edge may start together, by a topological sort. Both must give the plain longest
+    paths over every edge, and hold the schedule."""
+    problem = uniform_problem(3, 8, backward_weight=weight, p2p=0.05).activation_budget(1.5)
+    ticks, best = start_of(problem, searched_placements(3)["v"])
+    assert (min(ticks.graph.duration.values()) == 0) == (weight == 0)
+    keys = [k for seq in best.order for k in seq]
+    times = sorted(best.times[k][0] for k in keys)
+    at = times[len(times) // 3]
+    free = {k for k in keys if at <= best.times[k][0] < times[2 * len(times) // 3]}
+    pinned = [[k for k in seq if k not in free] for seq in best.order]
+    implied = memory_implied_orders(problem, True, graph_placement(ticks.graph))
+    frozen = {k for k in keys if k not in free and best.times[k][1] <= at}
+    windows = pinned_windows(ticks.graph, best, pinned, free, implied, at)
+    assert windows == longest_path_windows(ticks.graph, best, pinned, implied, frozen)
+    assert all(lo <= best.times[k][0] <= hi for k, (lo, hi) in windows.items())
 
 
 def test_time_windows_widen_when_proven_quickly_and_narrow_when_out_of_time() -> None:

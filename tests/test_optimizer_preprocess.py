@@ -10,7 +10,7 @@ from optpipe.optimizer.preprocess import (canonical_form, capped_1f1b, choose_sc
                                           latest_starts, lower_bound, memory_bound,
                                           memory_implied_orders, min_budgets,
                                           preemptive_single_machine, sequential_schedule,
-                                          task_graph)
+                                          tails, task_graph)
 from optpipe.problem import Problem, uniform_problem
 from optpipe.schedule import Op, interleaved_placement, v_placement
 from optpipe.simulator import simulate
@@ -335,3 +335,16 @@ def test_warm_up_bound_never_exceeds_a_proven_optimum() -> None:
             assert warm <= run.objective + 1e-6, (seed, shape)
             above += warm > lower_bound(graph) + 1e-6
     assert above
+
+
+def test_a_graphs_kept_paths_and_orders_come_back_as_copies() -> None:
+    """The task graph keeps its topological order, longest paths and device tasks (a
+    window search builds a model of the same graph in every step); a caller that
+    changes what it got must not change what the next caller gets."""
+    graph = task_graph(uneven())
+    first = (earliest_starts(graph), tails(graph), graph.topological(), graph.device_keys(0))
+    for kept in first:
+        kept.clear()
+    assert len(earliest_starts(graph)) == len(tails(graph)) == len(graph.keys)
+    assert len(graph.topological()) == len(graph.keys)
+    assert graph.device_keys(0) == [k for k in graph.keys if graph.device(k) == 0]
