@@ -494,11 +494,11 @@ class _Row:
     its order to the row's forward is pinned or decided, :func:`_sparse_row`) has the
     hint's order, a constant: ended by ``at``, the forward's start in the hint.
 
-    Why a class and not a dict of every task: a window step at 16 x 64 has ~100 rows
-    per device of ~300 tasks each, nearly all of them constants, and walking them all
-    took about half of the step's build; the rows' constraints only concern the
-    literals and their neighbours, so a row keeps those and answers the rest from the
-    hint.
+    Why a class and not a dict of every task: on the V shape at 8 x 64 and 16 x 64
+    (budget S) a window step has 64-96 rows per device of about 100 tasks each, nearly
+    all of them constants, and walking them all took about half of the step's build;
+    the rows' constraints only concern the literals and their neighbours, so a row
+    keeps those and answers the rest from the hint.
     """
 
     def __init__(self, counts: dict[tuple[Op, int], int], at: int | None = None,
@@ -549,8 +549,8 @@ class _Row:
 def _sorted_ends(g: TaskGraph, stages: Sequence[int], hint: Hint
                  ) -> dict[tuple[Op, int], list[int]] | None:
     """Per (op, stage) of the device, the hint's task ends in microbatch order; None
-    unless every family's ends ascend, as FIFO makes them: what lets a window step's row count
-    its constants by bisection and skip the links between two constants."""
+    unless every family's ends ascend, as FIFO makes them: what lets a window step's
+    row count its constants by bisection and skip the links between two constants."""
     M = g.problem.microbatches
     ends = {}
     for o in stages:
