@@ -53,9 +53,10 @@ def _devices(text: str) -> list[int]:
     return out
 
 
-def _setup(stages: int, microbatches: int, shape: str):
-    """The problem, its ticks on the placement, the best fitting start as a hint, and
-    the placement's memory bound in ticks."""
+def setup(stages: int, microbatches: int, shape: str):
+    """The problem, its ticks on the placement, the best fitting start as a hint (the
+    driver's: fixed and list schedules), and the placement's memory bound in ticks.
+    Shared with ``bench_step_build.py``."""
     from optpipe.optimizer.cpsat import _pick_hint, make_ticks
     from optpipe.optimizer.driver import _add_list_schedules, _hint_pool
     from optpipe.optimizer.preprocess import fixed_schedules, lower_bound, memory_bounds
@@ -127,7 +128,7 @@ def main() -> int:
     from optpipe.optimizer.cpsat import make_hint, solve_cpsat
 
     stages, microbatches = (int(x) for x in args.size.split("x"))
-    problem, place, ticks, pool, hint, lower = _setup(stages, microbatches, args.placement)
+    problem, place, ticks, pool, hint, lower = setup(stages, microbatches, args.placement)
     where = f"{stages} x {microbatches}, {args.placement}, budget S"
     lines = [f"**Relaxations** ({where}; the placement's memory bound {lower / ticks.scale:g} s, "
              f"the start {hint.makespan / ticks.scale:g} s):", "",

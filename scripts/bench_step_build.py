@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench_solver import bench_problem  # noqa: E402
+from bench_relaxation import setup  # noqa: E402
 from docblock import publish  # noqa: E402
 
 DOC = ROOT / "docs" / "optimizer.md"
@@ -61,17 +61,9 @@ def measure(stages: int, microbatches: int, steps: int, seed: int, widen: float 
     from ortools.sat.python import cp_model
 
     from optpipe.optimizer import cpsat, decompose
-    from optpipe.optimizer.driver import _add_list_schedules, _hint_pool
     from optpipe.optimizer.gcpause import fewer_collections
-    from optpipe.optimizer.preprocess import fixed_schedules
-    from optpipe.schedule import searched_placements
 
-    problem = bench_problem(stages, microbatches, stages, False)
-    placement = searched_placements(stages)["v"]
-    fixed = fixed_schedules(problem)
-    _add_list_schedules(problem, fixed, True, None)
-    ticks = cpsat.make_ticks(problem, True, False, (), placement)
-    hint = cpsat._pick_hint(problem, ticks, False, (), _hint_pool(fixed, True))
+    problem, _, ticks, _, hint, _ = setup(stages, microbatches, "v")
     stepper = decompose._Stepper(problem, ticks, 0, time.monotonic() + 3600, 2, 6.0)
     g = ticks.graph
     mean = sum(int(g.duration[k]) for k in g.keys) / len(g.keys)

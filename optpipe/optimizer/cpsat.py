@@ -249,7 +249,9 @@ def _memory_units(problem: Problem, s: int, levels: Sequence[float] = ()
 def _domains(g: TaskGraph, horizon: int, windows: Mapping[Key, tuple[int, int]] | None
              ) -> dict[Key, tuple[int, int]]:
     """Every start variable's domain: the graph's own time windows within ``horizon``,
-    narrowed by ``windows`` where given."""
+    narrowed by ``windows`` where given (ticks, per task: least and latest start; the
+    caller vouches that they cut off no schedule of the model within ``horizon``, as a
+    window step's :func:`~.decompose.pinned_windows`)."""
     es = earliest_starts(g)
     ls = latest_starts(g, horizon)
     out = {}
@@ -262,18 +264,17 @@ def _domains(g: TaskGraph, horizon: int, windows: Mapping[Key, tuple[int, int]] 
 
 
 def _base_vars(b: _Builder, g: TaskGraph, horizon: int, lower: int,
-               hint: Hint | None, windows: Mapping[Key, tuple[int, int]] | None = None,
+               hint: Hint | None, domains: Mapping[Key, tuple[int, int]] | None = None,
                devices: Collection[int] | None = None
                ) -> tuple[dict[Key, Any], dict[Key, Any], Any]:
     """Start variables with time windows, fixed-size intervals, makespan.
 
-    ``windows`` (ticks, per task: least and latest start) narrow the graph's own time
-    windows; the caller vouches that they cut off no schedule of the model within
-    ``horizon`` (a window step's, :func:`~.decompose.pinned_windows`). ``devices``:
-    those that run one task at a time (default all)."""
+    ``domains``: each start's least and latest value (:func:`_domains`; default the
+    graph's own time windows within ``horizon``). ``devices``: those that run one
+    task at a time (default all)."""
     start: dict[Key, Any] = {}
     interval: dict[Key, Any] = {}
-    for k, (lo, hi) in _domains(g, horizon, windows).items():
+    for k, (lo, hi) in (domains or _domains(g, horizon, None)).items():
         name = f"{k[0].value}_{k[1]}_{k[2]}"
         start[k] = b.int_var(lo, hi, name, hint.times[k][0] if hint else None)
         interval[k] = b.model.new_fixed_size_interval_var(start[k], int(g.duration[k]),
@@ -327,7 +328,9 @@ def build_order_model(problem: Problem, ticks: Ticks, horizon: int, lower: int,
     b = _Builder()
     g = ticks.graph
     dur = g.duration
-    start, _, makespan = _base_vars(b, g, horizon, lower, hint, windows, capacity)
+    # one set of domains for the variables and for the rows that read them
+    domains = _domains(g, horizon, windows)
+    start, _, makespan = _base_vars(b, g, horizon, lower, hint, domains, capacity)
     for seq in fixed_order or ():
         for p, k in zip(seq, seq[1:]):
             b.model.add(start[k] >= start[p] + int(dur[p]))
@@ -339,7 +342,6 @@ def build_order_model(problem: Problem, ticks: Ticks, horizon: int, lower: int,
         b.model.add(start[f] >= start[k] + int(dur[k]))
     implied_set = set(implied)
     free_set = None if free is None else set(free)
-    domains = _domains(g, horizon, windows) if free_set is not None else None
     for d in range(g.devices) if capacity is None else sorted(capacity):
         rows += _order_memory(b, g, d, start, hint, implied_set,
                               cross=problem.microbatches <= CROSS_STAGE_MAX_MICROBATCHES,
