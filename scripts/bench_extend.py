@@ -10,7 +10,7 @@ problems (``bench_solver.bench_problem``: F = B = W = 1 s, p2p 0.05 s), what CP-
 alone reaches on the half in a given time (hinted as the driver hints it,
 ``driver.chunked_source_hints``) and the fastest fitting extension of that schedule to
 the full problem, against the full problem's memory bound on that placement. One run
-each; nothing is asserted; the table goes to docs/optimizer.md between markers.
+each; nothing is asserted; the table goes to docs/optimizer-log.md between markers.
 
     python scripts/bench_extend.py                 # the default cases, about 3 minutes
     python scripts/bench_extend.py --cases 8x64:v:1:30 --no-write
@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 from bench_solver import bench_problem  # noqa: E402
 from docblock import publish  # noqa: E402
 
-DOC = ROOT / "docs" / "optimizer.md"
+DOC = ROOT / "docs" / "optimizer-log.md"
 START, END = "<!-- extend:start -->", "<!-- extend:end -->"
 CASES = ("8x64:v:1:30,8x64:v:1:15,8x64:interleaved:1:15,8x32:v:1:15,4x32:v:1:15,"
          "16x32:v:1:20,16x32:interleaved:1:20,8x64:v:0.5:15")

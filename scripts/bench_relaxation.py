@@ -16,7 +16,7 @@ p2p 0.05 s):
   it finds a shorter schedule, the minute's windows (6 s steps) left time in the
   warm-up, so the search is (at least partly) the weak side.
 
-Nothing is asserted; the table goes to docs/optimizer.md between markers.
+Nothing is asserted; the table goes to docs/optimizer-log.md between markers.
 
     python scripts/bench_relaxation.py                  # about 13 minutes
     python scripts/bench_relaxation.py --size 8x16 --keep 6,7:30 --windows 30:30 --no-write
@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 from bench_solver import bench_problem  # noqa: E402
 from docblock import publish  # noqa: E402
 
-DOC = ROOT / "docs" / "optimizer.md"
+DOC = ROOT / "docs" / "optimizer-log.md"
 START, END = "<!-- relaxation:start -->", "<!-- relaxation:end -->"
 KEEP = "14-15:60/0,15:60/12-15:60/11-15:120/10-15:120/8-15:90"
 WINDOWS = "30:60/45:120"

@@ -8,7 +8,7 @@ fitting fixed and list schedules, as the driver hints it) for a given time, once
 seed of the window search and per variant, on the benchmark's problem
 (``bench_solver.bench_problem``: F = B = W = 1 s, p2p 0.05 s). The variants are
 patches of :mod:`optpipe.optimizer.decompose` for the run, none of them kept (why:
-docs/optimizer.md, "16 x 32 at S: the bound or the search?"):
+docs/optimizer-log.md, "16 x 32 at S: the bound or the search?"):
 
 * ``plain``: the committed search;
 * ``unavoidable``: the idle no schedule avoids (before a device's earliest start,
@@ -22,7 +22,7 @@ docs/optimizer.md, "16 x 32 at S: the bound or the search?"):
   :data:`RUN_ON_FACTOR` times the limit, until :data:`RUN_ON_QUIET` of a limit passes
   without one (the 6 s steps at 16 x 32 often find their last improvement after 3-5 s).
 
-Nothing is asserted; the table goes to docs/optimizer.md between markers.
+Nothing is asserted; the table goes to docs/optimizer-log.md between markers.
 
     python scripts/bench_window_variants.py        # all: about an hour
     python scripts/bench_window_variants.py --sizes 8x16 --variants plain,warmup-last \\
@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 from bench_solver import bench_problem  # noqa: E402
 from docblock import publish  # noqa: E402
 
-DOC = ROOT / "docs" / "optimizer.md"
+DOC = ROOT / "docs" / "optimizer-log.md"
 START, END = "<!-- window-variants:start -->", "<!-- window-variants:end -->"
 VARIANTS = ("plain", "unavoidable", "origin", "step12", "warmup-first", "warmup-last",
             "run-on")

@@ -48,7 +48,7 @@ TIME_STEP_LIMIT = 6.0
 #: :data:`TIME_WINDOW_RANGE` times the first width. Why: with the pinned tasks' time
 #: windows (:func:`pinned_windows`) most steps at 16 stages prove in a fraction of a
 #: second, and windows of 32 tasks then stall (16 x 64 at S, interleaved, CP-SAT alone
-#: for 60 s, one run each: 206.4 s at a fixed width, 203.6 s growing; docs/optimizer.md).
+#: for 60 s, one run each: 206.4 s at a fixed width, 203.6 s growing; docs/optimizer-log.md).
 TIME_WINDOW_GROWTH = 1.5
 TIME_WINDOW_RANGE = (0.5, 8.0)
 #: Steps in a row without a shorter schedule after which the time-window search stops

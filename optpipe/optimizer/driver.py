@@ -89,7 +89,7 @@ EXTEND_LARGE_SOURCE_CELLS = 512
 #: (:func:`_add_chunked_extended`), where memory binds but not hard; their source is
 #: searched with at most :data:`CHUNKED_EXTEND_MAX_SOURCE_CELLS` stage x microbatch
 #: cells. Why that limit (``python scripts/bench_extend.py``, table in
-#: docs/optimizer.md): at S the search on 8 x 32 (V shape, 256 cells) reaches 101.0 s
+#: docs/optimizer-log.md): at S the search on 8 x 32 (V shape, 256 cells) reaches 101.0 s
 #: in 30 s and extends to 197.0 s at 8 x 64; the one on 16 x 32 (512 cells)
 #: ends near 111 s, 15 s over the work, which extended to 16 x 64 is slower than the
 #: 203.8-204.6 s the search there reaches alone.
@@ -495,7 +495,7 @@ def _refine_offloaded(problem: Problem, fixed: FixedSet, runs: list[EngineResult
     on the V shape 25.65 s, the no-memory bound, against 26.8 s; 16 x 16 interleaved
     58.05 s against 59.8 s, 57.8 s given the driver's 15 s), though not at every factor (8 x 32: 103.6 s at 2.25 against
     the list plans' 102.4 s, 101.9 s at 2). On the benchmark at S/2 this took 8 x 16
-    from 53.2 s to 51.95 s and proved 4 x 8 (docs/optimizer.md, search revision 12).
+    from 53.2 s to 51.95 s and proved 4 x 8 (docs/optimizer-log.md, search revision 12).
     CP-SAT's plans get :data:`REFINE_PLAN_SHARE` of the time left, each run at most
     :data:`REFINE_PLAN_SECONDS`. Only when the answer would be an offloaded start (no
     engine run beat it), until one meets ``bound``.
