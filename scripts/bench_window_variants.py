@@ -20,7 +20,10 @@ docs/optimizer-log.md, "16 x 32 at S: the bound or the search?"):
 * ``warmup-last``: the same window after them (they stop 16 s early);
 * ``run-on``: a step still finding shorter schedules at its limit runs on, up to
   :data:`RUN_ON_FACTOR` times the limit, until :data:`RUN_ON_QUIET` of a limit passes
-  without one (the 6 s steps at 16 x 32 often find their last improvement after 3-5 s).
+  without one (the 6 s steps at 16 x 32 often find their last improvement after 3-5 s);
+* ``no-cooldown``: without the windows at the end that open the search since search
+  revision 19 (``decompose.COOLDOWN_STEPS`` = 0; they were measured here as the
+  variant ``cooldown-first`` against ``plain`` before they were kept).
 
 Nothing is asserted; the table goes to docs/optimizer-log.md between markers.
 
@@ -47,7 +50,7 @@ from docblock import publish  # noqa: E402
 DOC = ROOT / "docs" / "optimizer-log.md"
 START, END = "<!-- window-variants:start -->", "<!-- window-variants:end -->"
 VARIANTS = ("plain", "unavoidable", "origin", "step12", "warmup-first", "warmup-last",
-            "run-on")
+            "run-on", "no-cooldown")
 #: the warm-up window: this share of the schedule, up to this many seconds
 WARMUP_SHARE, WARMUP_SECONDS, WARMUP_RESERVE = 0.28, 15.0, 16.0
 #: ``run-on``: a step runs at most this many times its limit, and stops past the limit
@@ -135,7 +138,8 @@ def run(stages: int, microbatches: int, shape: str, variant: str, seed: int,
     problem = bench_problem(stages, microbatches, stages, False)
     place = searched_placements(stages)[shape]
     saved = (decompose.time_window_search, decompose.idle_gaps,
-             decompose._window_start, decompose.TIME_STEP_LIMIT, decompose._Stepper.solve)
+             decompose._window_start, decompose.TIME_STEP_LIMIT, decompose._Stepper.solve,
+             decompose.COOLDOWN_STEPS)
     search = functools.partial(saved[0], seed=seed)
     try:
         if variant == "unavoidable":
@@ -164,6 +168,8 @@ def run(stages: int, microbatches: int, shape: str, variant: str, seed: int,
                                         deadline, kw["threads"], min(WARMUP_SECONDS, left))
                 return best, stats
             search = warmup_last
+        elif variant == "no-cooldown":
+            decompose.COOLDOWN_STEPS = 0
         elif variant == "run-on":
             decompose._Stepper.solve = _run_on
         elif variant != "plain":
@@ -175,7 +181,8 @@ def run(stages: int, microbatches: int, shape: str, variant: str, seed: int,
                              time_limit=seconds, placement=place, threads=2)
     finally:
         (decompose.time_window_search, decompose.idle_gaps,
-         decompose._window_start, decompose.TIME_STEP_LIMIT, decompose._Stepper.solve) = saved
+         decompose._window_start, decompose.TIME_STEP_LIMIT, decompose._Stepper.solve,
+         decompose.COOLDOWN_STEPS) = saved
     return result.objective
 
 

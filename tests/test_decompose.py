@@ -19,9 +19,9 @@ from ortools.sat.python import cp_model
 from optpipe.optimizer.cpsat import (CROSS_STAGE_MAX_MICROBATCHES, _extract, _pick_hint,
                                      build_order_model, make_hint, make_ticks, new_solver,
                                      solve_cpsat)
-from optpipe.optimizer.decompose import (TIME_WINDOW_GROWTH, _next_width, _Stepper,
-                                         _window_start, idle_gaps, pinned_windows,
-                                         time_window_search)
+from optpipe.optimizer.decompose import (COOLDOWN_STEPS, TIME_WINDOW_GROWTH, _next_width,
+                                         _Stepper, _window_start, idle_gaps,
+                                         pinned_windows, time_window_search)
 from optpipe.optimizer.preprocess import (earliest_starts, fixed_schedules, graph_placement,
                                           latest_starts, lower_bound, memory_bounds,
                                           memory_implied_orders)
@@ -213,6 +213,30 @@ def test_time_window_search_returns_valid_schedules_never_worse(shape: str) -> N
     assert sim.makespan == pytest.approx(best.makespan / ticks.scale, rel=1e-9)
     assert best.makespan <= start.makespan
     assert best.makespan >= lower
+
+
+@pytest.mark.parametrize("seed,shape", [(2, "v"), (3, "v"), (4, "interleaved")])
+def test_the_search_opens_with_a_window_at_the_end(seed: int, shape: str) -> None:
+    """Before any drawn window the search re-places the tasks that start in the last
+    first-width of the schedule (a loose cool-down is where the drawn windows, which
+    go where the idle is, rarely look). With no patience for drawn windows, the search
+    is those steps alone: at least as short as the end window's optimum, valid."""
+    problem, ticks, start, _, _ = middle_window(seed, shape)
+    g = ticks.graph
+    tasks = 4
+    first = max(1, int(round(tasks * sum(int(g.duration[k]) for k in g.keys) / len(g.keys))))
+    at = start.makespan - first
+    end = {k for seq in start.order for k in seq if start.times[k][0] >= at}
+    window_optimum = solve_window(problem, ticks, start, end, compact=True)
+    best, stats = time_window_search(problem, ticks, start, lower=0,
+                                     deadline=time.monotonic() + 120, threads=2,
+                                     tasks=tasks, patience=0)
+    assert 1 <= stats.steps <= COOLDOWN_STEPS
+    assert stats.improvements >= stats.steps - 1      # they go on only while they gain
+    assert best.makespan <= window_optimum <= start.makespan
+    sim = simulate(problem, best.schedule)
+    assert sim.fits
+    assert sim.makespan == pytest.approx(best.makespan / ticks.scale, rel=1e-9)
 
 
 def test_windows_are_drawn_around_idle_time() -> None:

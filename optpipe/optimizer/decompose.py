@@ -55,6 +55,16 @@ TIME_WINDOW_RANGE = (0.5, 8.0)
 #: and leaves the rest of the time to the full model's proof: where the answer was
 #: optimal all along, only the full model can show it.
 TIME_PATIENCE = 12
+#: Before the drawn windows, windows of the first width that end at the makespan, while
+#: each finds a shorter schedule (at most this many). Why: the windows are drawn around
+#: idle time, and a chunked placement's warm-up holds most of it (much of it forced by
+#: memory), so a loose cool-down in the start went unvisited: at 16 x 64, budget S, V,
+#: two such steps shorten ZB-V's greedy with admission by 5 s in under a second of
+#: CP-SAT, where drawn windows found it after a minute or not at all (CP-SAT alone,
+#: 60 s, seeds 1-6: 203.05 s mean against 204.13 s, better on 5 of 6;
+#: `python scripts/bench_window_variants.py --sizes 16x64 --variants cooldown-first,plain`,
+#: docs/optimizer-log.md, "Search revision 19").
+COOLDOWN_STEPS = 4
 
 
 @dataclass
@@ -285,7 +295,9 @@ def time_window_search(problem: Problem, ticks: Any, hint: Any, *, lower: int,
     (:func:`_next_width`): wider where CP-SAT proves windows quickly, narrower where
     it runs out of time. A step that finds an equally short schedule is kept too:
     it moves the search along the plateau, which is where the next step finds room.
-    Stops when the incumbent reaches ``lower`` (ticks) or after ``patience`` steps in
+    First, up to :data:`COOLDOWN_STEPS` windows end at the makespan (while each finds a
+    shorter schedule). Stops when the incumbent reaches ``lower`` (ticks) or after
+    ``patience`` steps in
     a row without a shorter schedule (default :data:`TIME_PATIENCE`), so that the
     caller can spend the time left on a proof — unless less time is left than that
     proof needs to start (``proof_seconds``): then the steps go on to the deadline.
@@ -303,6 +315,17 @@ def time_window_search(problem: Problem, ticks: Any, hint: Any, *, lower: int,
     stepper = _Stepper(problem, ticks, lower, deadline, threads, step_limit)
     rng = random.Random(seed)
     best = hint
+    for _ in range(COOLDOWN_STEPS):
+        if not stepper.room() or best.makespan <= lower:
+            break
+        at = best.makespan - first
+        timed = stepper.run(best, {k for seq in best.order for k in seq
+                                   if best.times[k][0] >= at}, stats, frozen_before=at)
+        if timed is None or timed.makespan >= best.makespan:
+            break
+        stats.improvements += 1
+        _report(progress, t0, timed, ticks, bound)
+        best = timed
     idle_steps = 0
     while stepper.room() and best.makespan > lower and (
             idle_steps < patience or deadline - time.monotonic() < 1 + proof_seconds):
