@@ -14,7 +14,7 @@ CP-SAT re-place the window. Two kinds of window:
   every budget): at budget S what is left there is packing every device's warm-up and
   cool-down tightly, which is local in time and spans all microbatches in flight.
   The stretch widens while CP-SAT proves its windows quickly and narrows when it
-  runs out of time.
+  runs out of time; the search opens with windows that end at the makespan.
 
 Every accepted step is a complete schedule of the full model (re-timed ASAP like the
 simulator), so the result is valid whenever the search stops; the full model's lower
@@ -61,9 +61,9 @@ TIME_PATIENCE = 12
 #: memory), so a loose cool-down in the start went unvisited: at 16 x 64, budget S, V,
 #: two such steps shorten ZB-V's greedy with admission by 5 s in under a second of
 #: CP-SAT, where drawn windows found it after a minute or not at all (CP-SAT alone,
-#: 60 s, seeds 1-6: 203.05 s mean against 204.13 s, better on 5 of 6;
-#: `python scripts/bench_window_variants.py --sizes 16x64 --variants cooldown-first,plain`,
-#: docs/optimizer-log.md, "Search revision 19").
+#: 60 s, seeds 1-6: 203.05 s mean against 204.13 s, better on 5 of 6; rerun with
+#: `python scripts/bench_window_variants.py --sizes 16x64 --variants plain,no-cooldown
+#: --seeds 1,2,3,4,5,6`; docs/optimizer-log.md, "Search revision 19").
 COOLDOWN_STEPS = 4
 
 
@@ -295,12 +295,12 @@ def time_window_search(problem: Problem, ticks: Any, hint: Any, *, lower: int,
     (:func:`_next_width`): wider where CP-SAT proves windows quickly, narrower where
     it runs out of time. A step that finds an equally short schedule is kept too:
     it moves the search along the plateau, which is where the next step finds room.
-    First, up to :data:`COOLDOWN_STEPS` windows end at the makespan (while each finds a
-    shorter schedule). Stops when the incumbent reaches ``lower`` (ticks) or after
-    ``patience`` steps in
-    a row without a shorter schedule (default :data:`TIME_PATIENCE`), so that the
-    caller can spend the time left on a proof — unless less time is left than that
-    proof needs to start (``proof_seconds``): then the steps go on to the deadline.
+    Before the drawn windows, up to :data:`COOLDOWN_STEPS` windows of the first width
+    end at the makespan (while each finds a shorter schedule). Stops when the incumbent
+    reaches ``lower`` (ticks) or after ``patience`` steps in a row without a shorter
+    schedule (default :data:`TIME_PATIENCE`), so that the caller can spend the time left
+    on a proof — unless less time is left than that proof needs to start
+    (``proof_seconds``): then the steps go on to the deadline.
     """
     patience = TIME_PATIENCE if patience is None else patience
     tasks = TIME_WINDOW_TASKS if tasks is None else tasks
