@@ -104,17 +104,15 @@ def _widening_end(decompose, problem, ticks, best, lower: int, deadline: float,
     (:data:`WIDEN_END_STEPS` at most; the ``widen-end`` variant)."""
     stepper = decompose._Stepper(problem, ticks, lower, deadline, threads,
                                  decompose.TIME_STEP_LIMIT)
-    g = ticks.graph
-    mean = sum(int(g.duration[k]) for k in g.keys) / len(g.keys)
-    first = max(1, int(round(decompose.TIME_WINDOW_TASKS * mean)))
+    first = decompose.first_width(ticks.graph)
     narrowest, widest = (max(1, int(first * r)) for r in decompose.TIME_WINDOW_RANGE)
     width = first
     for _ in range(WIDEN_END_STEPS):
         if not stepper.room() or best.makespan <= lower:
             break
         at = best.makespan - width
-        free = {k for seq in best.order for k in seq if best.times[k][0] >= at}
-        found = stepper.run(best, free, decompose.WindowStats(), frozen_before=at)
+        found = stepper.run(best, decompose.started_within(best, at),
+                            decompose.WindowStats(), frozen_before=at)
         if found is not None and found.makespan < best.makespan:
             best = found
         elif stepper.proven and stepper.seconds < stepper.step_limit / 2 and width < widest:

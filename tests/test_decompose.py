@@ -20,8 +20,9 @@ from optpipe.optimizer.cpsat import (CROSS_STAGE_MAX_MICROBATCHES, _extract, _pi
                                      build_order_model, make_hint, make_ticks, new_solver,
                                      solve_cpsat)
 from optpipe.optimizer.decompose import (COOLDOWN_STEPS, TIME_WINDOW_GROWTH, _next_width,
-                                         _Stepper, _window_start, idle_gaps,
-                                         pinned_windows, time_window_search)
+                                         _Stepper, _window_start, first_width, idle_gaps,
+                                         pinned_windows, started_within,
+                                         time_window_search)
 from optpipe.optimizer.preprocess import (earliest_starts, fixed_schedules, graph_placement,
                                           latest_starts, lower_bound, memory_bounds,
                                           memory_implied_orders)
@@ -222,11 +223,8 @@ def test_the_search_opens_with_a_window_at_the_end(seed: int, shape: str) -> Non
     go where the idle is, rarely look). With no patience for drawn windows, the search
     is those steps alone: at least as short as the end window's optimum, valid."""
     problem, ticks, start, _, _ = middle_window(seed, shape)
-    g = ticks.graph
     tasks = 4
-    first = max(1, int(round(tasks * sum(int(g.duration[k]) for k in g.keys) / len(g.keys))))
-    at = start.makespan - first
-    end = {k for seq in start.order for k in seq if start.times[k][0] >= at}
+    end = started_within(start, start.makespan - first_width(ticks.graph, tasks))
     window_optimum = solve_window(problem, ticks, start, end, compact=True)
     best, stats = time_window_search(problem, ticks, start, lower=0,
                                      deadline=time.monotonic() + 120, threads=2,

@@ -24,6 +24,7 @@ bound stays the proven bound.
 from __future__ import annotations
 
 import graphlib
+import math
 import random
 import time
 from dataclasses import dataclass
@@ -303,12 +304,9 @@ def time_window_search(problem: Problem, ticks: Any, hint: Any, *, lower: int,
     (``proof_seconds``): then the steps go on to the deadline.
     """
     patience = TIME_PATIENCE if patience is None else patience
-    tasks = TIME_WINDOW_TASKS if tasks is None else tasks
     step_limit = TIME_STEP_LIMIT if step_limit is None else step_limit
-    g = ticks.graph
     t0 = time.monotonic() if t0 is None else t0
-    mean = sum(int(g.duration[k]) for k in g.keys) / max(1, len(g.keys))
-    first = max(1, int(round(tasks * mean)))
+    first = first_width(ticks.graph, tasks)
     narrowest, widest = (max(1, int(first * r)) for r in TIME_WINDOW_RANGE)
     width = first
     stats = WindowStats(window=width)
@@ -319,8 +317,7 @@ def time_window_search(problem: Problem, ticks: Any, hint: Any, *, lower: int,
         if not stepper.room() or best.makespan <= lower:
             break
         at = best.makespan - first
-        timed = stepper.run(best, {k for seq in best.order for k in seq
-                                   if best.times[k][0] >= at}, stats, frozen_before=at)
+        timed = stepper.run(best, started_within(best, at), stats, frozen_before=at)
         if timed is None or timed.makespan >= best.makespan:
             break
         stats.improvements += 1
@@ -331,9 +328,8 @@ def time_window_search(problem: Problem, ticks: Any, hint: Any, *, lower: int,
             idle_steps < patience or deadline - time.monotonic() < 1 + proof_seconds):
         idle_steps += 1
         at = _window_start(best, width, rng)
-        free = {k for seq in best.order for k in seq
-                if at <= best.times[k][0] < at + width}
-        timed = stepper.run(best, free, stats, frozen_before=at)
+        timed = stepper.run(best, started_within(best, at, at + width), stats,
+                            frozen_before=at)
         if timed is None or timed.makespan >= best.makespan:
             width = _next_width(width, stepper, narrowest, widest)
             stats.window = width
@@ -345,6 +341,20 @@ def time_window_search(problem: Problem, ticks: Any, hint: Any, *, lower: int,
             _report(progress, t0, timed, ticks, bound)
         best = timed
     return best, stats
+
+
+def first_width(graph: Any, tasks: float | None = None) -> int:
+    """A time window's first width, in ticks: ``tasks`` (default
+    :data:`TIME_WINDOW_TASKS`) times the mean task's duration of ``graph``."""
+    tasks = TIME_WINDOW_TASKS if tasks is None else tasks
+    mean = sum(int(graph.duration[k]) for k in graph.keys) / max(1, len(graph.keys))
+    return max(1, int(round(tasks * mean)))
+
+
+def started_within(best: Any, at: int, until: float = math.inf) -> set[Any]:
+    """The tasks of ``best`` (a :class:`~.cpsat.Hint`) that start in ``[at, until)``
+    ticks: a time window's free tasks."""
+    return {k for seq in best.order for k in seq if at <= best.times[k][0] < until}
 
 
 def _next_width(width: int, stepper: _Stepper, narrowest: int, widest: int) -> int:
