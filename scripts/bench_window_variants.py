@@ -29,6 +29,17 @@ docs/optimizer-log.md, "16 x 32 at S: the bound or the search?"):
   :data:`WIDEN_END_STEPS` steps (through the driver at 16 x 64, S with offload the
   committed opening stops in the first width's local optimum: docs/optimizer-log.md,
   "Search revision 19").
+* ``critical``: half the windows are drawn around a *critical* idle gap, one before a
+  task without slack (its latest start in the schedule's orders equals its start),
+  each such gap as likely as any other; the other half as in the search. Why: the
+  draws weigh gaps by length, and the chunked placements' long idle stretches sit on
+  the devices with slack (16 x 32 at S, a 106.75 s schedule: device 15, the bound's
+  device, loses 0.5 s in five 0.1 s gaps mid-schedule, while device 0 idles 6.6 s
+  after its first backward).
+* ``bottleneck``: the same share drawn around an idle gap of the device that idles
+  least (after its first task), each of its gaps as likely as any other: that
+  device's idle is what the makespan is made of (at S on the V shape, the warm-up
+  bound's device 15).
 
 Nothing is asserted; the table goes to docs/optimizer-log.md between markers.
 
@@ -55,7 +66,7 @@ from docblock import publish  # noqa: E402
 DOC = ROOT / "docs" / "optimizer-log.md"
 START, END = "<!-- window-variants:start -->", "<!-- window-variants:end -->"
 VARIANTS = ("plain", "unavoidable", "origin", "step12", "warmup-first", "warmup-last",
-            "run-on", "no-cooldown", "widen-end")
+            "run-on", "no-cooldown", "widen-end", "critical", "bottleneck")
 #: the warm-up window: this share of the schedule, up to this many seconds
 WARMUP_SHARE, WARMUP_SECONDS, WARMUP_RESERVE = 0.28, 15.0, 16.0
 #: ``run-on``: a step runs at most this many times its limit, and stops past the limit
@@ -63,6 +74,8 @@ WARMUP_SHARE, WARMUP_SECONDS, WARMUP_RESERVE = 0.28, 15.0, 16.0
 RUN_ON_FACTOR, RUN_ON_QUIET = 3.0, 0.5
 #: ``widen-end``: at most this many opening windows at the end
 WIDEN_END_STEPS = 8
+#: ``critical``: the share of windows drawn around a critical gap
+CRITICAL_SHARE = 0.5
 
 
 def _unavoidable_idle_left_out(decompose, graph) -> None:
@@ -85,6 +98,60 @@ def _unavoidable_idle_left_out(decompose, graph) -> None:
                 gaps.append((edge, best.makespan - last[d]))
         return gaps
     decompose.idle_gaps = idle_gaps
+
+
+def _critical_gaps_drawn(decompose, problem, graph) -> None:
+    """Draw :data:`CRITICAL_SHARE` of the windows around an idle gap before a task
+    without slack (the ``critical`` variant)."""
+    from optpipe.optimizer.preprocess import graph_placement, memory_implied_orders
+
+    implied = memory_implied_orders(problem, graph.split_backward, graph_placement(graph))
+    static = decompose.static_successors(graph, implied)
+    drawn = decompose._window_start
+
+    def window_start(best, width, rng):
+        if rng.random() >= CRITICAL_SHARE:
+            return drawn(best, width, rng)
+        span = decompose.pinned_windows(graph, best, best.order, (), implied, None, static)
+        gaps = []
+        for seq in best.order:
+            edge = 0
+            for k in sorted(seq, key=lambda k: best.times[k][0]):
+                begin, end = best.times[k][:2]
+                if begin > edge > 0 and span[k][1] <= begin:
+                    gaps.append((edge, begin))
+                edge = max(edge, end)
+        if not gaps:
+            return drawn(best, width, rng)
+        a, b = gaps[rng.randrange(len(gaps))]
+        return rng.randrange(a, b) - rng.randrange(0, width)
+    decompose._window_start = window_start
+
+
+def _bottleneck_gaps_drawn(decompose) -> None:
+    """Draw :data:`CRITICAL_SHARE` of the windows around an idle gap of the device
+    that idles least (the ``bottleneck`` variant)."""
+    drawn = decompose._window_start
+
+    def window_start(best, width, rng):
+        if rng.random() >= CRITICAL_SHARE:
+            return drawn(best, width, rng)
+        per_device = []
+        for seq in best.order:
+            edge, gaps = None, []
+            for begin, end in sorted(best.times[k][:2] for k in seq):
+                if edge is not None and begin > edge:
+                    gaps.append((edge, begin))
+                edge = end if edge is None else max(edge, end)
+            if edge is not None and best.makespan > edge:
+                gaps.append((edge, best.makespan))
+            per_device.append(gaps)
+        gaps = min(per_device, key=lambda g: sum(b - a for a, b in g))
+        if not gaps:
+            return drawn(best, width, rng)
+        a, b = gaps[rng.randrange(len(gaps))]
+        return rng.randrange(a, b) - rng.randrange(0, width)
+    decompose._window_start = window_start
 
 
 def _warmup_step(decompose, problem, ticks, best, lower: int, deadline: float,
@@ -177,6 +244,11 @@ def run(stages: int, microbatches: int, shape: str, variant: str, seed: int,
         if variant == "unavoidable":
             _unavoidable_idle_left_out(decompose, make_ticks(problem, True, False, (),
                                                              place).graph)
+        elif variant == "critical":
+            _critical_gaps_drawn(decompose, problem,
+                                 make_ticks(problem, True, False, (), place).graph)
+        elif variant == "bottleneck":
+            _bottleneck_gaps_drawn(decompose)
         elif variant == "origin":
             drawn = saved[2]
             decompose._window_start = (
