@@ -17,7 +17,7 @@ from typing import Sequence
 from optpipe import __version__
 from optpipe.cli_common import (add_problem_args, add_schedule_args, compare_all,
                                 comparison_json, print_comparison, print_json,
-                                problem_from_args, schedule_from_args)
+                                problem_and_schedule, problem_from_args)
 from optpipe.errors import OptPipeError
 from optpipe.simulator import simulate
 from optpipe.units import format_bytes, format_seconds
@@ -28,8 +28,8 @@ _EXPORT_SUFFIX = {"json": "json", "chrome": "trace.json", "torch-csv": "csv"}
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    problem = problem_from_args(args)
-    result = simulate(problem, schedule_from_args(args, problem))
+    problem, schedule = problem_and_schedule(args)
+    result = simulate(problem, schedule)
     if args.json:
         print_json(result.to_json(actions=True))
         return 0
@@ -66,8 +66,8 @@ def _compare(args: argparse.Namespace) -> int:
 def _gantt(args: argparse.Namespace) -> int:
     from optpipe.viz.gantt import plot_gantt
 
-    problem = problem_from_args(args)
-    result = simulate(problem, schedule_from_args(args, problem))
+    problem, schedule = problem_and_schedule(args)
+    result = simulate(problem, schedule)
     out = args.output or f"{result.schedule.name}.png"
     plot_gantt(result, out, memory=not args.no_memory)
     print(f"wrote {out}  (makespan {format_seconds(result.makespan)}, "
@@ -76,8 +76,7 @@ def _gantt(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    problem = problem_from_args(args)
-    schedule = schedule_from_args(args, problem)
+    problem, schedule = problem_and_schedule(args)
     fmt = args.format
     out = args.output or f"{schedule.name}.{_EXPORT_SUFFIX[fmt]}"
     if fmt == "json":
@@ -117,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("simulate", help="simulate one schedule: makespan, bubbles, memory")
     add_problem_args(p)
-    add_schedule_args(p)
+    add_schedule_args(p, positional=True)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--strict", action="store_true",
                    help="exit 1 when the schedule exceeds the budget")
@@ -132,14 +131,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("gantt", help="draw a schedule's Gantt chart (PNG, SVG or PDF)")
     add_problem_args(p)
-    add_schedule_args(p)
+    add_schedule_args(p, positional=True)
     p.add_argument("-o", "--output", metavar="FILE", help="image file (default NAME.png)")
     p.add_argument("--no-memory", action="store_true", help="leave out the memory panel")
     p.set_defaults(func=_gantt)
 
     p = sub.add_parser("export", help="write a schedule as JSON, Chrome trace or torch CSV")
     add_problem_args(p)
-    add_schedule_args(p)
+    add_schedule_args(p, positional=True)
     p.add_argument("--format", choices=["json", "chrome", "torch-csv"], default="json")
     p.add_argument("-o", "--output", metavar="FILE")
     p.add_argument("--idle-cells", action="store_true",

@@ -52,9 +52,7 @@ def add_problem_args(parser: argparse.ArgumentParser) -> None:
 
 def problem_from_args(args: argparse.Namespace) -> Problem:
     """The problem the options describe; every mistake is one :class:`OptPipeError` line."""
-    budget = parse_bytes(args.mem, "--mem") if getattr(args, "mem", None) else None
-    if budget is not None and budget <= 0:
-        raise OptPipeError("--mem must be positive, e.g. --mem 80GB")
+    budget = _budget_from_args(args)
     if getattr(args, "problem", None):
         preset_flags = [f for f in ("model", "hardware", "seq_len") if getattr(args, f, None)]
         if preset_flags:
@@ -83,6 +81,19 @@ def problem_from_args(args: argparse.Namespace) -> Problem:
             seq_len=args.seq_len,
             recompute=args.recompute, sharded_optimizer=args.sharded_optimizer,
             flash_attention=not args.no_flash_attention)
+    return _adjusted(problem, budget, args)
+
+
+def _budget_from_args(args: argparse.Namespace) -> float | None:
+    """``--mem`` in bytes, or None when not given."""
+    budget = parse_bytes(args.mem, "--mem") if getattr(args, "mem", None) else None
+    if budget is not None and budget <= 0:
+        raise OptPipeError("--mem must be positive, e.g. --mem 80GB")
+    return budget
+
+
+def _adjusted(problem: Problem, budget: float | None, args: argparse.Namespace) -> Problem:
+    """``problem`` with ``--mem`` (parsed: ``budget``) and ``--p2p`` applied."""
     if budget is not None:
         problem = problem.with_budget(budget)
     if getattr(args, "p2p", None):
@@ -91,21 +102,95 @@ def problem_from_args(args: argparse.Namespace) -> Problem:
     return problem
 
 
-def add_schedule_args(parser: argparse.ArgumentParser, default: str | None = "1f1b") -> None:
-    """Add ``--schedule NAME|FILE`` (and ``--chunks`` for chunked generators)."""
-    parser.add_argument("--schedule", default=default, metavar="NAME|FILE",
+#: Options that describe a problem (``--mem`` and ``--p2p`` only adjust one), with the
+#: value each has when not given.
+_PROBLEM_DEFAULTS = {"problem": None, "model": None, "hardware": None, "stages": None,
+                     "microbatches": None, "seq_len": None, "tp": 1, "dp": 1,
+                     "micro_batch_size": 1, "recompute": False, "sharded_optimizer": False,
+                     "no_flash_attention": False}
+
+
+def problem_given(args: argparse.Namespace) -> bool:
+    """Did the command line describe a problem (a file or any preset option)?"""
+    return any(getattr(args, k, v) != v for k, v in _PROBLEM_DEFAULTS.items())
+
+
+def problem_and_schedule(args: argparse.Namespace) -> tuple[Problem, Schedule]:
+    """The problem and the schedule the options describe.
+
+    A schedule file written by ``optpipe solve`` (or ``solve()``) carries the problem it
+    was solved for (``provenance["problem"]``). Without problem options that problem is
+    the one used, ``--mem`` and ``--p2p`` still adjusting it: why, so that ``optpipe
+    gantt optpipe-schedule.json`` after ``optpipe solve --stages 16 --mem 80GB`` draws
+    the schedule on its own problem instead of failing on the default 8 stages. Any
+    problem option replaces it, and the schedule is checked against that problem.
+    """
+    source = schedule_source(args)
+    if source is not None and source not in _generator_names() and not problem_given(args):
+        schedule = _load_schedule_file(source)
+        record = schedule.provenance.get("problem")
+        if isinstance(record, dict):
+            from optpipe.problem import problem_from_dict
+
+            try:
+                problem = problem_from_dict(record, name=f"{source} (its problem)")
+            except OptPipeError as exc:
+                raise OptPipeError(f"schedule file {source!r} carries a problem that is not "
+                                   f"valid ({exc}); give the problem with --problem FILE or "
+                                   f"presets") from None
+            problem = _adjusted(problem, _budget_from_args(args), args)
+            schedule.check_fits(problem.stages, problem.devices, problem.microbatches)
+            return problem, schedule
+    problem = problem_from_args(args)
+    return problem, schedule_from_args(args, problem)
+
+
+def add_schedule_args(parser: argparse.ArgumentParser, default: str | None = "1f1b",
+                      positional: bool = False) -> None:
+    """Add ``--schedule NAME|FILE`` (and ``--chunks`` for chunked generators);
+    ``positional``: also an optional ``FILE`` argument, the same as ``--schedule FILE``
+    (so ``optpipe gantt optpipe-schedule.json`` reads as it should)."""
+    if positional:
+        parser.add_argument("schedule_file", nargs="?", metavar="FILE",
+                            help="a schedule JSON file (the same as --schedule FILE); one "
+                                 "written by `optpipe solve` brings its own problem")
+    parser.add_argument("--schedule", default=None, metavar="NAME|FILE",
                         help="a generator name (gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, "
                              "zb-v, zb-auto, pipeoffload) or a schedule JSON file"
                              + (f" (default {default})" if default else ""))
+    parser.set_defaults(schedule_default=default)
     parser.add_argument("--chunks", type=int, default=None,
                         help="model chunks per device for interleaved-1f1b (default 2)")
+
+
+def schedule_source(args: argparse.Namespace) -> str | None:
+    """The schedule the options name: the positional FILE, ``--schedule``, or the
+    command's default (None when it has none)."""
+    given = getattr(args, "schedule_file", None)
+    if given is not None and args.schedule is not None:
+        raise OptPipeError(f"give the schedule once: {given!r} or --schedule "
+                           f"{args.schedule!r}, not both")
+    return given or args.schedule or getattr(args, "schedule_default", None)
+
+
+def _generator_names() -> Sequence[str]:
+    from optpipe.generators import GENERATORS
+
+    return list(GENERATORS)
+
+
+def _load_schedule_file(name: str) -> Schedule:
+    if Path(name).suffix.lower() == ".json" or Path(name).exists():
+        return load_schedule(name)
+    raise OptPipeError(f"schedule {name!r} is neither a schedule file nor a known schedule; "
+                       f"known: {', '.join(_generator_names())}")
 
 
 def schedule_from_args(args: argparse.Namespace, problem: Problem) -> Schedule:
     """Generate the named schedule for ``problem``, or load and check a schedule file."""
     from optpipe.generators import GENERATORS, generate
 
-    name = args.schedule
+    name = schedule_source(args)
     if name in GENERATORS:
         options: dict[str, Any] = {}
         if getattr(args, "chunks", None):
@@ -113,12 +198,17 @@ def schedule_from_args(args: argparse.Namespace, problem: Problem) -> Schedule:
                 raise OptPipeError(f"--chunks applies to interleaved-1f1b only, not {name}")
             options["chunks"] = args.chunks
         return generate(name, problem, **options)
-    if Path(name).suffix.lower() == ".json" or Path(name).exists():
-        schedule = load_schedule(name)
+    schedule = _load_schedule_file(name)
+    try:
         schedule.check_fits(problem.stages, problem.devices, problem.microbatches)
-        return schedule
-    raise OptPipeError(f"--schedule {name!r} is neither a schedule file nor a known schedule; "
-                       f"known: {', '.join(GENERATORS)}")
+    except OptPipeError as exc:
+        if problem_given(args):
+            raise
+        raise OptPipeError(f"{exc}. The file carries no problem of its own (only files "
+                           f"written by `optpipe solve` do): give the one it was made for "
+                           f"with --problem FILE or presets such as --stages "
+                           f"{schedule.devices} --microbatches {schedule.microbatches}") from None
+    return schedule
 
 
 def compare_all(problem: Problem, names: Sequence[str] | None = None

@@ -346,6 +346,16 @@ class Problem:
             data["chunk_profiles"] = [c.to_dict() for c in self.chunk_profiles]
         return _file_keys(data)
 
+    def to_record(self) -> dict[str, Any]:
+        """:meth:`to_dict` as strict JSON (no ``Infinity``: an unlimited budget is left
+        out, which :func:`problem_from_dict` reads back as unlimited). Why: a solved
+        schedule's file carries the problem it was solved for under
+        ``provenance["problem"]``, so ``optpipe gantt FILE`` needs no options."""
+        data = self.to_dict()
+        if all(math.isinf(b) for b in self.budget):
+            del data["budget"]
+        return data
+
     def hash(self) -> str:
         """Stable content hash (name and metadata excluded): the cache key of a solve.
 
@@ -441,14 +451,20 @@ def problem_from_dict(data: dict[str, Any], name: str = "problem") -> Problem:
     Accepts both the nested human schema (``[time]``, ``[memory]``, ``[offload]`` tables
     with units) and the flat form written by :meth:`Problem.to_dict`.
     """
-    if "time" not in data and "forward" in data:  # flat form from to_dict
+    if "time" not in data and "forward" in data:  # flat form from to_dict / to_record
         flat = dict(data)
-        flat["freed_by_b"] = flat.pop("freed_by_backward_input")
-        flat["freed_by_w"] = flat.pop("freed_by_backward_weight")
-        flat.setdefault("name", name)
         try:
+            flat["freed_by_b"] = flat.pop("freed_by_backward_input")
+            flat["freed_by_w"] = flat.pop("freed_by_backward_weight")
+            flat.setdefault("name", name)
+            if flat.get("budget") is None:            # to_record leaves out "unlimited"
+                flat["budget"] = (float("inf"),) * int(flat.get("devices", flat["stages"]))
+            flat["chunk_profiles"] = tuple(_chunk_profile(c) for c in
+                                           _tables(flat.get("chunk_profiles", [])))
             return Problem(**flat)
-        except TypeError as exc:
+        except KeyError as exc:
+            raise OptPipeError(f"problem data is not valid: it has no {exc}") from None
+        except (TypeError, ValueError) as exc:
             raise OptPipeError(f"problem data is not valid: {exc}") from None
     known = {"stages", "microbatches", "devices", "name", "time", "memory", "offload",
              "chunked"}

@@ -82,3 +82,80 @@ def test_solve_placements(tmp_path, problem_file, capsys) -> None:
     assert code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("optpipe: error: unknown placement zigzag") and "\n" not in err
+
+
+# ------------------------------------------------ a solved file brings its problem
+def _solved(tmp_path, problem_file) -> tuple:
+    path, problem = problem_file
+    out = tmp_path / "s.json"
+    assert main(["solve", "--problem", str(path), "--mem", "3GB", "--time-limit", "10",
+                 "-o", str(out), "--no-gantt", "--quiet", "--no-offload"]) == 0
+    return out, problem.with_budget(3 * 10**9)
+
+
+def test_a_solved_file_carries_its_problem(tmp_path, problem_file) -> None:
+    out, problem = _solved(tmp_path, problem_file)
+    record = load_schedule(out).provenance["problem"]
+    from optpipe.problem import problem_from_dict
+    assert problem_from_dict(record).hash() == problem.hash()
+    # strict JSON: an unlimited budget is left out, not written as Infinity
+    assert "Infinity" not in json.dumps(uniform_problem(2, 2).to_record())
+
+
+def test_gantt_and_simulate_take_the_file_alone(tmp_path, problem_file, capsys) -> None:
+    """After ``optpipe solve``, ``optpipe gantt FILE`` needs no problem options: the
+    default problem (8 stages of the default model) would not even fit the file."""
+    out, problem = _solved(tmp_path, problem_file)
+    capsys.readouterr()
+    png = tmp_path / "g.png"
+    assert main(["gantt", str(out), "-o", str(png)]) == 0
+    assert png.stat().st_size > 10_000
+    capsys.readouterr()
+    assert main(["simulate", str(out), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    expected = simulate(problem, load_schedule(out))
+    assert data["makespan"] == pytest.approx(expected.makespan)
+    assert data["budget"] == [3 * 10**9] * 3
+    # --mem still adjusts the carried problem: 1.5 GB holds one activation (1 GB)
+    # above the static 1 GB only partly, so the schedule is over it
+    assert main(["simulate", str(out), "--mem", "1.5GB", "--strict"]) == 1
+
+
+def test_the_schedule_is_given_once(tmp_path, problem_file, capsys) -> None:
+    out, _ = _solved(tmp_path, problem_file)
+    capsys.readouterr()
+    assert main(["gantt", str(out), "--schedule", "1f1b"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "not both" in err
+
+
+def test_problem_options_replace_the_carried_problem(tmp_path, problem_file, capsys) -> None:
+    out, _ = _solved(tmp_path, problem_file)
+    capsys.readouterr()
+    assert main(["simulate", str(out), "--stages", "8"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "3 devices but the problem has 8" in err and err.count("\n") == 0
+
+
+def test_a_file_without_a_problem_says_what_to_give(tmp_path, problem_file, capsys) -> None:
+    out, _ = _solved(tmp_path, problem_file)
+    schedule = load_schedule(out)
+    del schedule.provenance["problem"]
+    bare = tmp_path / "bare.json"
+    schedule.save(bare)
+    capsys.readouterr()
+    assert main(["gantt", str(bare)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--stages 3 --microbatches 4" in err
+
+
+def test_a_corrupt_carried_problem_is_one_line(tmp_path, problem_file, capsys) -> None:
+    out, _ = _solved(tmp_path, problem_file)
+    data = json.loads(out.read_text())
+    data["provenance"]["problem"]["forward"] = "fast"
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    capsys.readouterr()
+    assert main(["simulate", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "carries a problem that is not valid" in err

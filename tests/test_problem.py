@@ -144,6 +144,9 @@ def test_split_uses_measured_chunks_and_files_keep_them(tmp_path):
                         else json.dumps(problem.to_dict()))
         again = load_problem(path)
         assert again == problem and again.hash() == problem.hash()
+    # the record a solved schedule carries: strict JSON, the same problem back
+    again = problem_from_dict(json.loads(json.dumps(problem.to_record(), allow_nan=False)))
+    assert again == problem and again.hash() == problem.hash()
     assert problem.hash() != base.hash()
     # no chunk profiles: the dict (and so the hash the bundled library is keyed by)
     # has no such key, as before the field existed
@@ -194,3 +197,18 @@ def test_bad_chunk_tables_in_files_are_named(tmp_path):
                     "static = [0, 0]\n")
     with pytest.raises(OptPipeError, match="'forward' must list 4 values"):
         load_problem(path)
+
+
+def test_a_flat_record_with_bad_values_is_one_clear_error():
+    """The flat form (``to_dict``/``to_record``, what a schedule file carries) names
+    what is wrong instead of raising Python's own errors."""
+    record = uniform_problem(2, 2).to_record()
+    assert "budget" not in record                      # unlimited: left out
+    assert problem_from_dict(record).budget == (float("inf"),) * 2
+    for key, value in (("forward", ["fast", 1.0]), ("activation", "big"), ("p2p", None)):
+        bad = {**record, key: value}
+        with pytest.raises(OptPipeError, match="problem data is not valid"):
+            problem_from_dict(bad)
+    with pytest.raises(OptPipeError, match="has no 'freed_by_backward_input'"):
+        problem_from_dict({k: v for k, v in record.items()
+                           if k != "freed_by_backward_input"})

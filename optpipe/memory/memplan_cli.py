@@ -77,11 +77,10 @@ def _traces(args: argparse.Namespace) -> tuple[list[Trace], str]:
     if not args.schedule:
         raise OptPipeError("memplan needs --trace FILE or --schedule NAME|FILE "
                            "(e.g. --schedule 1f1b --model gpt3-1.3b)")
-    from optpipe.cli_common import problem_from_args, schedule_from_args
+    from optpipe.cli_common import problem_and_schedule
     from optpipe.simulator import simulate
 
-    problem = problem_from_args(args)
-    schedule = schedule_from_args(args, problem)
+    problem, schedule = problem_and_schedule(args)
     result = simulate(problem, schedule)
     traces = traces_from_simulation(result, per_layer=not args.per_stage)
     if args.device is not None:

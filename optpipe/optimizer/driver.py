@@ -202,6 +202,7 @@ def solve(problem: Problem, *, solver: str = "auto", offload: bool | None = None
         if hit is not None and (best_fixed is None
                                 or hit.result.makespan <= best_fixed.makespan * (1 + 1e-9)):
             prov = hit.schedule.provenance
+            prov["problem"] = problem.to_record()     # entries stored before it was kept
             return SolveResult(schedule=hit.schedule, sim=hit.result, status=CACHED,
                                objective=prov.get("objective"), bound=prov.get("bound"),
                                gap=prov.get("gap"), wall_time=time.monotonic() - t0,
@@ -1342,7 +1343,8 @@ def _stamp(result: SolveResult, problem: Problem, **options: Any) -> None:
         time_limit=options["time_limit"], problem_hash=problem.hash(),
         makespan=result.sim.makespan, offload=options["offload"],
         split_backward=options["split_backward"], threads=options["threads"],
-        requested_gap=options["gap"], search_revision=cache_mod.SEARCH_REVISION)
+        requested_gap=options["gap"], search_revision=cache_mod.SEARCH_REVISION,
+        problem=problem.to_record())
     if options["offload"]:
         prov["offload_levels"] = list(options["levels"])
     if options["allowed"] is not None:

@@ -274,7 +274,7 @@ def _ms(values: Any) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from optpipe.cli_common import schedule_from_args
+    from optpipe.cli_common import schedule_from_args, schedule_source
     from optpipe.problem import load_problem
     from optpipe.runtime.measure import RunSpec, compare, is_chunked, measure_schedule
 
@@ -301,7 +301,7 @@ def _run(args: argparse.Namespace) -> int:
         per_device = not isinstance(partition, list) or len(partition) == args.stages
         # a schedule that may use chunks is generated on measured chunks (zb-auto
         # chooses among placements by them)
-        chunks = partition is None and args.schedule in CHUNKED_GENERATORS
+        chunks = partition is None and schedule_source(args) in CHUNKED_GENERATORS
         base = profile_from_args(args, partition=partition if per_device else None,
                                  chunks=chunks)
         schedule = schedule_from_args(args, base)
