@@ -80,6 +80,9 @@ def _export(args: argparse.Namespace) -> int:
     fmt = args.format
     out = args.output or f"{schedule.name}.{_EXPORT_SUFFIX[fmt]}"
     if fmt == "json":
+        # the problem goes with it, as with a solved schedule: `optpipe gantt FILE` then
+        # needs no options
+        schedule.provenance["problem"] = problem.to_record()
         schedule.save(out)
     elif fmt == "chrome":
         from optpipe.viz.chrome import write_chrome_trace

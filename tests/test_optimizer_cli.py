@@ -159,3 +159,16 @@ def test_a_corrupt_carried_problem_is_one_line(tmp_path, problem_file, capsys) -
     assert main(["simulate", str(bad)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "carries a problem that is not valid" in err
+
+
+def test_an_exported_schedule_carries_its_problem_too(tmp_path, problem_file, capsys) -> None:
+    path, problem = problem_file
+    out = tmp_path / "zbh1.json"
+    assert main(["export", "--schedule", "zb-h1", "--problem", str(path), "--mem", "3GB",
+                 "-o", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["simulate", str(out), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["budget"] == [3 * 10**9] * 3
+    assert data["makespan"] == pytest.approx(
+        simulate(problem.with_budget(3 * 10**9), load_schedule(out)).makespan)
