@@ -126,23 +126,24 @@ def problem_and_schedule(args: argparse.Namespace) -> tuple[Problem, Schedule]:
     problem option replaces it, and the schedule is checked against that problem.
     """
     source = schedule_source(args)
-    if source is not None and source not in _generator_names() and not problem_given(args):
-        schedule = _load_schedule_file(source)
-        record = schedule.provenance.get("problem")
-        if isinstance(record, dict):
-            from optpipe.problem import problem_from_dict
+    if source is None or source in _generator_names():
+        problem = problem_from_args(args)
+        return problem, schedule_from_args(args, problem)
+    schedule = _load_schedule_file(source)
+    record = schedule.provenance.get("problem")
+    if problem_given(args) or not isinstance(record, dict):
+        problem = problem_from_args(args)
+        return problem, _checked(schedule, problem, args)
+    from optpipe.problem import problem_from_dict
 
-            try:
-                problem = problem_from_dict(record, name=f"{source} (its problem)")
-            except OptPipeError as exc:
-                raise OptPipeError(f"schedule file {source!r} carries a problem that is not "
-                                   f"valid ({exc}); give the problem with --problem FILE or "
-                                   f"presets") from None
-            problem = _adjusted(problem, _budget_from_args(args), args)
-            schedule.check_fits(problem.stages, problem.devices, problem.microbatches)
-            return problem, schedule
-    problem = problem_from_args(args)
-    return problem, schedule_from_args(args, problem)
+    try:
+        problem = problem_from_dict(record, name=f"{source} (its problem)")
+    except OptPipeError as exc:
+        raise OptPipeError(f"schedule file {source!r} carries a problem that is not "
+                           f"valid ({exc}); give the problem with --problem FILE or "
+                           f"presets") from None
+    problem = _adjusted(problem, _budget_from_args(args), args)
+    return problem, _checked(schedule, problem, args)
 
 
 def add_schedule_args(parser: argparse.ArgumentParser, default: str | None = "1f1b",
@@ -179,7 +180,9 @@ def _generator_names() -> Sequence[str]:
     return list(GENERATORS)
 
 
-def _load_schedule_file(name: str) -> Schedule:
+def _load_schedule_file(name: str | None) -> Schedule:
+    if name is None:
+        raise OptPipeError("no schedule given: name one with --schedule NAME|FILE")
     if Path(name).suffix.lower() == ".json" or Path(name).exists():
         return load_schedule(name)
     raise OptPipeError(f"schedule {name!r} is neither a schedule file nor a known schedule; "
@@ -198,16 +201,22 @@ def schedule_from_args(args: argparse.Namespace, problem: Problem) -> Schedule:
                 raise OptPipeError(f"--chunks applies to interleaved-1f1b only, not {name}")
             options["chunks"] = args.chunks
         return generate(name, problem, **options)
-    schedule = _load_schedule_file(name)
+    return _checked(_load_schedule_file(name), problem, args)
+
+
+def _checked(schedule: Schedule, problem: Problem, args: argparse.Namespace) -> Schedule:
+    """``schedule`` (from a file), checked to be made for ``problem``'s pipeline; when
+    it is not and no problem option was given, the error says which ones to give."""
     try:
         schedule.check_fits(problem.stages, problem.devices, problem.microbatches)
     except OptPipeError as exc:
-        if problem_given(args):
+        if problem_given(args) or "problem" in schedule.provenance:
             raise
-        raise OptPipeError(f"{exc}. The file carries no problem of its own (only files "
-                           f"written by `optpipe solve` do): give the one it was made for "
-                           f"with --problem FILE or presets such as --stages "
-                           f"{schedule.devices} --microbatches {schedule.microbatches}") from None
+        raise OptPipeError(f"{exc}. The file carries no problem of its own (files from "
+                           f"`optpipe solve` or `optpipe export` do): give the one it was "
+                           f"made for with --problem FILE or presets such as --stages "
+                           f"{schedule.devices} --microbatches {schedule.microbatches}"
+                           ) from None
     return schedule
 
 
