@@ -35,6 +35,7 @@ def _simulate(args: argparse.Namespace) -> int:
         return 0
     print(f"schedule     {result.schedule.name} ({result.schedule.devices} devices, "
           f"{result.schedule.stages} stages, {result.schedule.microbatches} microbatches)")
+    print(f"problem      {problem.name}")
     print(f"makespan     {format_seconds(result.makespan)}")
     print(f"bubble rate  {result.bubble_rate:.2%}")
     for d in range(result.schedule.devices):

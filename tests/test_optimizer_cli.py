@@ -116,6 +116,8 @@ def test_gantt_and_simulate_take_the_file_alone(tmp_path, problem_file, capsys) 
     expected = simulate(problem, load_schedule(out))
     assert data["makespan"] == pytest.approx(expected.makespan)
     assert data["budget"] == [3 * 10**9] * 3
+    assert main(["simulate", str(out)]) == 0
+    assert "problem      uniform" in capsys.readouterr().out     # the file's, by name
     # --mem still adjusts the carried problem: 1.5 GB holds one activation (1 GB)
     # above the static 1 GB only partly, so the schedule is over it
     assert main(["simulate", str(out), "--mem", "1.5GB", "--strict"]) == 1
