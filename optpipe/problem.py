@@ -46,10 +46,17 @@ STAGE_BYTES = ("activation", "freed_by_b", "freed_by_w")
 def _coerce_figures(obj: Any) -> None:
     """Store the per-stage figures (and ``static``) as tuples of floats and ints, and
     ``backward_fused`` as floats or None: the one normal form both dataclasses keep."""
-    for key in STAGE_TIMES:
-        object.__setattr__(obj, key, tuple(float(x) for x in getattr(obj, key)))
-    for key in STAGE_BYTES + ("static",):
-        object.__setattr__(obj, key, tuple(int(x) for x in getattr(obj, key)))
+    for keys, kind in ((STAGE_TIMES, float), (STAGE_BYTES + ("static",), int)):
+        for key in keys:
+            value = getattr(obj, key)
+            try:
+                if isinstance(value, (str, bytes)):
+                    raise TypeError
+                object.__setattr__(obj, key, tuple(kind(x) for x in value))
+            except (TypeError, ValueError):
+                unit = "seconds" if kind is float else "bytes"
+                raise OptPipeError(f"'{key}' must list numbers ({unit}), got "
+                                   f"{value!r}") from None
     if obj.backward_fused is not None:
         try:
             if isinstance(obj.backward_fused, (str, bytes)):

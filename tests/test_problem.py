@@ -205,10 +205,11 @@ def test_a_flat_record_with_bad_values_is_one_clear_error():
     record = uniform_problem(2, 2).to_record()
     assert "budget" not in record                      # unlimited: left out
     assert problem_from_dict(record).budget == (float("inf"),) * 2
-    for key, value in (("forward", ["fast", 1.0]), ("activation", "big"), ("p2p", None)):
-        bad = {**record, key: value}
-        with pytest.raises(OptPipeError, match="problem data is not valid"):
-            problem_from_dict(bad)
+    for key, value in (("forward", ["fast", 1.0]), ("activation", "big")):
+        with pytest.raises(OptPipeError, match=f"'{key}' must list numbers"):
+            problem_from_dict({**record, key: value})
+    with pytest.raises(OptPipeError, match="problem data is not valid"):
+        problem_from_dict({**record, "p2p": None})
     with pytest.raises(OptPipeError, match="has no 'freed_by_backward_input'"):
         problem_from_dict({k: v for k, v in record.items()
                            if k != "freed_by_backward_input"})
