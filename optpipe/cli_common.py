@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from optpipe.errors import OptPipeError
-from optpipe.problem import Problem, load_problem
+from optpipe.problem import Problem, load_problem, problem_from_dict
 from optpipe.schedule import Schedule, load_schedule
 from optpipe.simulator import SimResult
 from optpipe.units import format_bytes, format_seconds, parse_bytes, parse_seconds
@@ -25,29 +25,37 @@ from optpipe.units import format_bytes, format_seconds, parse_bytes, parse_secon
 def add_problem_args(parser: argparse.ArgumentParser) -> None:
     """Add ``--problem`` / preset options and ``--mem`` to a subcommand."""
     group = parser.add_argument_group("problem (a file, or presets)")
-    group.add_argument("--problem", metavar="FILE",
-                       help="problem file (.toml or .json); see the README for its schema")
-    group.add_argument("--model", help="model preset (see `optpipe presets`), "
-                                       "default: the cost model's default")
-    group.add_argument("--hardware", help="hardware preset, e.g. h100-80gb")
-    group.add_argument("--stages", type=int, help="pipeline stages = devices (default 8)")
-    group.add_argument("--microbatches", type=int, help="microbatches per step")
-    group.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (default 1)")
-    group.add_argument("--dp", type=int, default=1,
-                       help="data-parallel degree, for the sharded optimizer (default 1)")
-    group.add_argument("--micro-batch-size", type=int, default=1,
-                       help="sequences per microbatch (default 1)")
-    group.add_argument("--seq-len", type=int, help="sequence length (default: the model's)")
-    group.add_argument("--recompute", action="store_true",
-                       help="full activation recomputation")
-    group.add_argument("--sharded-optimizer", action="store_true",
-                       help="shard optimizer state over --dp ranks (ZeRO-1)")
-    group.add_argument("--no-flash-attention", action="store_true",
-                       help="count the attention score matrices in activations")
+    describing: list[argparse.Action] = []
+
+    def describe(*names: str, **options: Any) -> None:
+        describing.append(group.add_argument(*names, **options))
+
+    describe("--problem", metavar="FILE",
+             help="problem file (.toml or .json); see the README for its schema")
+    describe("--model", help="model preset (see `optpipe presets`), "
+                            "default: the cost model's default")
+    describe("--hardware", help="hardware preset, e.g. h100-80gb")
+    describe("--stages", type=int, help="pipeline stages = devices (default 8)")
+    describe("--microbatches", type=int, help="microbatches per step")
+    describe("--tp", type=int, default=1, help="tensor-parallel degree (default 1)")
+    describe("--dp", type=int, default=1,
+             help="data-parallel degree, for the sharded optimizer (default 1)")
+    describe("--micro-batch-size", type=int, default=1,
+             help="sequences per microbatch (default 1)")
+    describe("--seq-len", type=int, help="sequence length (default: the model's)")
+    describe("--recompute", action="store_true",
+             help="full activation recomputation")
+    describe("--sharded-optimizer", action="store_true",
+             help="shard optimizer state over --dp ranks (ZeRO-1)")
+    describe("--no-flash-attention", action="store_true",
+             help="count the attention score matrices in activations")
     group.add_argument("--mem", metavar="BYTES",
                        help="memory budget per device, e.g. 80GB or 75GiB "
                             "(default: the hardware's memory, or the file's budget)")
     group.add_argument("--p2p", metavar="TIME", help="override the p2p latency, e.g. 0.1ms")
+    # what problem_given compares with: the options that describe a problem, each at
+    # its default (--mem and --p2p only adjust one)
+    parser.set_defaults(problem_options={a.dest: a.default for a in describing})
 
 
 def problem_from_args(args: argparse.Namespace) -> Problem:
@@ -102,17 +110,14 @@ def _adjusted(problem: Problem, budget: float | None, args: argparse.Namespace) 
     return problem
 
 
-#: Options that describe a problem (``--mem`` and ``--p2p`` only adjust one), with the
-#: value each has when not given.
-_PROBLEM_DEFAULTS = {"problem": None, "model": None, "hardware": None, "stages": None,
-                     "microbatches": None, "seq_len": None, "tp": 1, "dp": 1,
-                     "micro_batch_size": 1, "recompute": False, "sharded_optimizer": False,
-                     "no_flash_attention": False}
-
-
 def problem_given(args: argparse.Namespace) -> bool:
-    """Did the command line describe a problem (a file or any preset option)?"""
-    return any(getattr(args, k, v) != v for k, v in _PROBLEM_DEFAULTS.items())
+    """Did the command line describe a problem (a file or any preset option)? A command
+    without the problem options (:func:`add_problem_args`) describes its problem its own
+    way: always."""
+    options = getattr(args, "problem_options", None)
+    if options is None:
+        return True
+    return any(getattr(args, dest) != default for dest, default in options.items())
 
 
 def problem_and_schedule(args: argparse.Namespace) -> tuple[Problem, Schedule]:
@@ -134,8 +139,6 @@ def problem_and_schedule(args: argparse.Namespace) -> tuple[Problem, Schedule]:
     if problem_given(args) or not isinstance(record, dict):
         problem = problem_from_args(args)
         return problem, _checked(schedule, problem, args)
-    from optpipe.problem import problem_from_dict
-
     try:
         problem = problem_from_dict(record, name=f"{source} (its problem)")
     except OptPipeError as exc:

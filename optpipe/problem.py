@@ -43,29 +43,30 @@ STAGE_TIMES = ("forward", "backward_input", "backward_weight")
 STAGE_BYTES = ("activation", "freed_by_b", "freed_by_w")
 
 
+def _numbers(value: Any, kind: type, message: str) -> tuple:
+    """``value`` as a tuple of ``kind``, or :class:`OptPipeError` with ``message``
+    (a string is not a list, though Python would iterate its characters)."""
+    try:
+        if isinstance(value, (str, bytes)):
+            raise TypeError
+        return tuple(kind(x) for x in value)
+    except (TypeError, ValueError):
+        raise OptPipeError(message) from None
+
+
 def _coerce_figures(obj: Any) -> None:
     """Store the per-stage figures (and ``static``) as tuples of floats and ints, and
     ``backward_fused`` as floats or None: the one normal form both dataclasses keep."""
-    for keys, kind in ((STAGE_TIMES, float), (STAGE_BYTES + ("static",), int)):
+    for keys, kind, unit in ((STAGE_TIMES, float, "seconds"),
+                             (STAGE_BYTES + ("static",), int, "bytes")):
         for key in keys:
             value = getattr(obj, key)
-            try:
-                if isinstance(value, (str, bytes)):
-                    raise TypeError
-                object.__setattr__(obj, key, tuple(kind(x) for x in value))
-            except (TypeError, ValueError):
-                unit = "seconds" if kind is float else "bytes"
-                raise OptPipeError(f"'{key}' must list numbers ({unit}), got "
-                                   f"{value!r}") from None
+            object.__setattr__(obj, key, _numbers(
+                value, kind, f"'{key}' must list numbers ({unit}), got {value!r}"))
     if obj.backward_fused is not None:
-        try:
-            if isinstance(obj.backward_fused, (str, bytes)):
-                raise TypeError
-            fused = tuple(float(x) for x in obj.backward_fused)
-        except (TypeError, ValueError):
-            raise OptPipeError(f"'backward_fused' must list one time in seconds per "
-                               f"stage, got {obj.backward_fused!r}") from None
-        object.__setattr__(obj, "backward_fused", fused)
+        object.__setattr__(obj, "backward_fused", _numbers(
+            obj.backward_fused, float, f"'backward_fused' must list one time in seconds "
+                                       f"per stage, got {obj.backward_fused!r}"))
 
 
 def _check_figures(obj: Any, stages: int, devices: int, prefix: str = "",

@@ -127,10 +127,7 @@ def _critical_gaps_drawn(decompose, problem, graph) -> None:
                 if begin > edge > 0 and span[k][1] <= begin:
                     gaps.append((edge, begin))
                 edge = max(edge, end)
-        if not gaps:
-            return drawn(best, width, rng)
-        a, b = gaps[rng.randrange(len(gaps))]
-        return rng.randrange(a, b) - rng.randrange(0, width)
+        return _around_one_of(gaps, best, width, rng, drawn)
     decompose._window_start = window_start
 
 
@@ -142,42 +139,33 @@ def _bottleneck_gaps_drawn(decompose) -> None:
     def window_start(best, width, rng):
         if rng.random() >= CRITICAL_SHARE:
             return drawn(best, width, rng)
-        per_device = []
-        for seq in best.order:
-            edge, gaps = None, []
-            for begin, end in sorted(best.times[k][:2] for k in seq):
-                if edge is not None and begin > edge:
-                    gaps.append((edge, begin))
-                edge = end if edge is None else max(edge, end)
-            if edge is not None and best.makespan > edge:
-                gaps.append((edge, best.makespan))
-            per_device.append(gaps)
+        # after each device's first task (every task lasts a tick or more)
+        per_device = [[(a, b) for a, b in decompose.device_idle_gaps(best, seq) if a > 0]
+                      for seq in best.order]
         gaps = min(per_device, key=lambda g: sum(b - a for a, b in g))
-        if not gaps:
-            return drawn(best, width, rng)
-        a, b = gaps[rng.randrange(len(gaps))]
-        return rng.randrange(a, b) - rng.randrange(0, width)
+        return _around_one_of(gaps, best, width, rng, drawn)
     decompose._window_start = window_start
+
+
+def _around_one_of(gaps, best, width: int, rng, drawn) -> int:
+    """A window's start around one of ``gaps`` (each as likely), at a random point of
+    it and of the window; ``drawn`` (the search's own draw) when there are none."""
+    if not gaps:
+        return drawn(best, width, rng)
+    a, b = gaps[rng.randrange(len(gaps))]
+    return rng.randrange(a, b) - rng.randrange(0, width)
 
 
 def _tip_step(decompose, problem, ticks, best, deadline: float, threads: int):
     """``best`` after one step that starts the warm-up bound's first backward as early
     as it can, the makespan no longer (the ``tip-first`` variant)."""
     from optpipe.optimizer.cpsat import _extract, build_order_model, make_hint, new_solver
-    from optpipe.optimizer.preprocess import earliest_starts
-    from optpipe.schedule import Op
+    from optpipe.optimizer.preprocess import earliest_starts, first_backward_terms
     from ortools.sat.python import cp_model
 
     graph = ticks.graph
-    p, es = graph.problem, earliest_starts(graph)
-    worst, key = -1.0, None
-    for d in range(graph.devices):
-        room = p.budget[d] - p.static[d]
-        stages = graph.stages_on(d)
-        first = min(((es[(Op.B, s, 0)], (Op.B, s, 0)) for s in stages))
-        work = sum(graph.duration[k] for k in graph.device_keys(d))
-        if room < float("inf") and first[0] + work > worst:
-            worst, key = first[0] + work, first[1]
+    es = earliest_starts(graph)
+    _, key = max(first_backward_terms(graph, es), key=lambda term: term[0])
     until = es[key] + decompose.first_width(graph)
     free = decompose.started_within(best, 0, until)
     stepper = decompose._Stepper(problem, ticks, 0, deadline, threads, TIP_SECONDS)

@@ -391,13 +391,18 @@ def _window_start(best: Any, width: int, rng: random.Random) -> int:
 def idle_gaps(best: Any) -> list[tuple[int, int]]:
     """Every device's idle stretches in ``best`` (a :class:`~.cpsat.Hint`), in ticks
     from 0 to its makespan, as (begin, end)."""
+    return [gap for seq in best.order for gap in device_idle_gaps(best, seq)]
+
+
+def device_idle_gaps(best: Any, seq: Sequence[Any]) -> list[tuple[int, int]]:
+    """One device's idle stretches in ``best``: ``seq`` (its tasks), in ticks from 0 to
+    the makespan, as (begin, end) in time order."""
     gaps: list[tuple[int, int]] = []
-    for seq in best.order:
-        edge = 0
-        for begin, end in sorted(best.times[k][:2] for k in seq):
-            if begin > edge:
-                gaps.append((edge, begin))
-            edge = max(edge, end)
-        if best.makespan > edge:
-            gaps.append((edge, best.makespan))
+    edge = 0
+    for begin, end in sorted(best.times[k][:2] for k in seq):
+        if begin > edge:
+            gaps.append((edge, begin))
+        edge = max(edge, end)
+    if best.makespan > edge:
+        gaps.append((edge, best.makespan))
     return gaps

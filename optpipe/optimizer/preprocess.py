@@ -531,9 +531,17 @@ def first_backward_bound(graph: TaskGraph, es: Mapping[Key, float]) -> float:
     bounds stop at 0.3 s below. ``es``: earliest starts valid for every schedule (the
     round trip's, or :func:`earliest_starts`).
     """
+    return max([0.0] + [term for term, _ in first_backward_terms(graph, es)])
+
+
+def first_backward_terms(graph: TaskGraph, es: Mapping[Key, float]
+                         ) -> list[tuple[float, Key]]:
+    """:func:`first_backward_bound`'s term of every device with a finite budget, with
+    the device's first backward (the one with the least ``es``): which device and which
+    task the bound comes from (`scripts/bench_window_variants.py`'s ``tip-first``)."""
     p = graph.problem
     bwd = Op.B if graph.split_backward else Op.BW
-    best = 0.0
+    terms: list[tuple[float, Key]] = []
     for d in range(graph.devices):
         room = p.budget[d] - p.static[d]
         if not math.isfinite(room):
@@ -542,9 +550,9 @@ def first_backward_bound(graph: TaskGraph, es: Mapping[Key, float]) -> float:
         fits = _forward_room([(graph.duration[(Op.F, s, 0)], p.activation[s]) for s in stages],
                              room, p.microbatches)
         work = sum(graph.duration[k] for k in graph.device_keys(d))
-        first = min(es[(bwd, s, 0)] for s in stages)
-        best = max(best, first + work - fits)
-    return best
+        first, key = min((es[(bwd, s, 0)], (bwd, s, 0)) for s in stages)
+        terms.append((first + work - fits, key))
+    return terms
 
 
 def _forward_room(forwards: Sequence[tuple[float, float]], room: float, count: int) -> float:
