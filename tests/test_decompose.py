@@ -17,9 +17,10 @@ import pytest
 from ortools.sat.python import cp_model
 
 from optpipe.optimizer.cpsat import (CROSS_STAGE_MAX_MICROBATCHES, _extract, _pick_hint,
-                                     build_order_model, make_hint, make_ticks, new_solver,
-                                     solve_cpsat)
-from optpipe.optimizer.decompose import (COOLDOWN_STEPS, TIME_WINDOW_GROWTH, _next_width,
+                                     _pick_hints, build_order_model, make_hint, make_ticks,
+                                     new_solver, solve_cpsat)
+from optpipe.optimizer.decompose import (COOLDOWN_STEPS, OPENING_STARTS,
+                                         TIME_WINDOW_GROWTH, _next_width,
                                          _Stepper, _window_start, first_width, idle_gaps,
                                          pinned_windows, started_within,
                                          time_window_search)
@@ -232,6 +233,36 @@ def test_the_search_opens_with_a_window_at_the_end(seed: int, shape: str) -> Non
     assert 1 <= stats.steps <= COOLDOWN_STEPS
     assert stats.improvements >= stats.steps - 1      # they go on only while they gain
     assert best.makespan <= window_optimum <= start.makespan
+    sim = simulate(problem, best.schedule)
+    assert sim.fits
+    assert sim.makespan == pytest.approx(best.makespan / ticks.scale, rel=1e-9)
+
+
+@pytest.mark.parametrize("seed", [2, 3])
+def test_the_search_opens_from_several_starts_and_goes_on_from_the_shortest(seed: int
+                                                                            ) -> None:
+    """A start's makespan says little of what the opening makes of it, so the search
+    opens from the fastest :data:`OPENING_STARTS` starts. With no patience for drawn
+    windows the search is those openings alone: no longer than the shortest of them run
+    one start at a time, never longer than its first start, and valid."""
+    from optpipe.optimizer.listsched import warm_starts
+
+    rng = random.Random(seed)
+    problem = uneven(rng, 3, 8, 2.0)
+    placement = searched_placements(3)["v"]
+    ticks = make_ticks(problem, True, False, (1.0,), placement)
+    pool = [c.schedule for c in fixed_schedules(problem).candidates if c.fits]
+    hints = _pick_hints(problem, ticks, False, (1.0,),
+                        pool + warm_starts(problem, placement))[:OPENING_STARTS]
+    assert len(hints) >= 2
+    assert [h.makespan for h in hints] == sorted(h.makespan for h in hints)
+    common = dict(lower=0, threads=2, tasks=4, patience=0)
+    alone = [time_window_search(problem, ticks, h, deadline=time.monotonic() + 60,
+                                **common)[0].makespan for h in hints]
+    best, stats = time_window_search(problem, ticks, hints[0], others=hints[1:],
+                                     deadline=time.monotonic() + 120, **common)
+    assert stats.steps >= len(hints)
+    assert best.makespan <= min(alone) <= hints[0].makespan
     sim = simulate(problem, best.schedule)
     assert sim.fits
     assert sim.makespan == pytest.approx(best.makespan / ticks.scale, rel=1e-9)

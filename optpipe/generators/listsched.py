@@ -27,7 +27,11 @@ Rules, per device, whenever it is free (at the earliest such moment over all dev
    a later chunk's F must then fit the cap itself; such a run can stall (every
    device waiting for memory nothing will free), which :class:`Stalled` reports; with
    ``guard_b`` a ready F is held back when a B whose input is already on its way would
-   arrive before the F ends (ZB-H2's "no F in front of the first B");
+   arrive before the F ends (ZB-H2's "no F in front of the first B"); with
+   ``lookahead`` a ready F of a later microbatch is held back when microbatch 0's next
+   task on the device could have its input before the F ends (its path projected,
+   each task as soon as its device is free): that microbatch's round trip is the
+   warm-up's critical path;
 3. otherwise a pending W runs when ``w_mode="greedy"``, when an F is held back by
    admission (W frees memory), when nothing else is left, or with ``w_mode="fill"`` when
    it ends no later than the earliest moment the next input could arrive (a lower bound,
@@ -65,6 +69,7 @@ class Policy:
     mem_cap: tuple[float, ...] | None = None   # per device: max kept activation bytes
     guard_b: bool = False                      # no F that would delay a B already on its way
     reserve: float = 1.0                       # share of later chunks' bytes held at admission
+    lookahead: bool = False                    # keep the first microbatch's path clear
 
     def describe(self) -> dict[str, object]:
         """JSON-ready knobs for a schedule's provenance."""
@@ -74,7 +79,8 @@ class Policy:
                 "mem_cap": None if self.mem_cap is None else
                 [None if c == INF else int(c) for c in self.mem_cap],
                 "guard_b": self.guard_b, **({} if self.reserve == 1.0 else
-                                            {"reserve": self.reserve})}
+                                            {"reserve": self.reserve}),
+                **({"lookahead": True} if self.lookahead else {})}
 
 
 class Stalled(RuntimeError):
@@ -155,6 +161,45 @@ class _Engine:
         dur = self.p.forward[ps] if op == "F" else self.p.backward_input[ps]
         return max(self.wake[e] if e != d else t, t) + dur + self._hop(ps, d)
 
+    def _first_microbatch_due(self, d: int, t: float) -> float:
+        """When microbatch 0's next task on device d (a B, or an F of a later chunk)
+        could first have its input, projecting the unplaced tasks before it on its
+        path, each run as soon as its device is free; INF when it has none on d.
+
+        Why (``Policy.lookahead``): microbatch 0's round trip is the warm-up's critical
+        path, and on a chunked placement it passes every device twice each way; a
+        device that starts another forward just before it arrives delays it by up to
+        that forward, and at 16 x 32 on the V shape (budget S) those waits put the
+        first backward on the tip's device 3.2 s after the earliest it can start.
+        """
+        due = INF
+        for s in self.stages_of[d]:
+            if self.nb[s] == 0 < self.nf[s] and self.f_end[self.S - 1][0] >= 0:
+                # the backward chain from the last stage down to s
+                above = s + 1
+                while above < self.S and self.b_end[above][0] < 0:
+                    above += 1
+                arrival = (self.f_end[self.S - 1][0] if above == self.S else
+                           self.b_end[above][0] + self._hop(above, self.dev[above - 1]))
+                for u in range(above - 1, s, -1):
+                    start = max(arrival, self.free[self.dev[u]], t)
+                    arrival = (start + self.p.backward_input[u]
+                               + self._hop(u, self.dev[u - 1]))
+                due = min(due, arrival)
+            if s != self.entry[d] and self.nf[s] == 0:
+                # the forward chain from the last placed forward up to s
+                below = s - 1
+                while below >= 0 and self.f_end[below][0] < 0:
+                    below -= 1
+                if below < 0:
+                    continue
+                arrival = self.f_end[below][0] + self._hop(below, self.dev[below + 1])
+                for u in range(below + 1, s):
+                    start = max(arrival, self.free[self.dev[u]], t)
+                    arrival = start + self.p.forward[u] + self._hop(u, self.dev[u + 1])
+                due = min(due, arrival)
+        return due
+
     # --------------------------------------------------------------- admission
     def _admissible(self, s: int, d: int) -> bool:
         r = self.policy.reserve
@@ -208,6 +253,11 @@ class _Engine:
         if (ready_f is not None and ready_b is None and pol.guard_b and arrivals_b
                 and t + self.p.forward[ready_f[1]] > min(arrivals_b)):
             ready_f = None
+        if ready_f is not None and ready_b is None and pol.lookahead and ready_f[2] > 0:
+            due = self._first_microbatch_due(d, t)
+            if t < due < t + self.p.forward[ready_f[1]]:
+                ready_f = None
+                arrivals.append(due)
         first, second = (ready_b, ready_f) if pol.prefer == "B" else (ready_f, ready_b)
         if first is not None or second is not None:
             return (first or second), t

@@ -51,13 +51,15 @@ _PACKAGE = Path(__file__).resolve().parent.parent
 #: cells, without the full model first, :data:`~.cpsat.TIME_FULL_MAX_CELLS`; 18: a
 #: window step's memory rows hold a literal only where the order is open, the rest
 #: constants from the hint, and its model is built faster; 19: the time-window search
-#: opens with windows that end at the makespan, :data:`~.decompose.COOLDOWN_STEPS`). A cached
+#: opens with windows that end at the makespan, :data:`~.decompose.COOLDOWN_STEPS`; 20:
+#: ZB-V's greedy keeping microbatch 0's path clear as starts too, and the time windows
+#: opening from several starts, :data:`~.decompose.OPENING_STARTS`). A cached
 #: schedule from an older search that was not proven optimal is solved again: the same
 #: problem and time limit may now give a faster one. Not bumped for the warm-up memory
 #: bound (2026-12-01): it proves more but searches the same way (the window search
 #: still keys on the round trip), so a cached answer would come back no faster; its
 #: stored bound is true, only weaker.
-SEARCH_REVISION = 19
+SEARCH_REVISION = 20
 
 
 def cache_dir() -> Path:

@@ -893,7 +893,14 @@ class _Reporter(cp_model.CpSolverSolutionCallback):
 
 def _pick_hint(problem: Problem, ticks: Ticks, tight: bool, levels: Sequence[float],
                candidates: Sequence[Schedule]) -> Hint:
-    """The fastest candidate the model accepts as a complete, feasible hint.
+    """The fastest candidate the model accepts as a complete, feasible hint."""
+    return _pick_hints(problem, ticks, tight, levels, candidates)[0]
+
+
+def _pick_hints(problem: Problem, ticks: Ticks, tight: bool, levels: Sequence[float],
+                candidates: Sequence[Schedule]) -> list[Hint]:
+    """Every distinct candidate the model accepts as a complete, feasible hint, fastest
+    first (ties in the candidates' order); raises :class:`NoHint` when there is none.
 
     The sequential schedule (one microbatch in flight) is always in the pool for one
     stage per device, so a hint exists whenever any schedule does.
@@ -905,7 +912,7 @@ def _pick_hint(problem: Problem, ticks: Ticks, tight: bool, levels: Sequence[flo
     pool = list(candidates)
     if not ticks.graph.placement:
         pool.append(sequential_schedule(problem, ticks.graph.split_backward))
-    best: Hint | None = None
+    hints: list[Hint] = []
     seen: set[str] = set()
     for schedule in pool:
         canon = canonical_form(schedule, problem, ticks.graph.split_backward,
@@ -922,10 +929,9 @@ def _pick_hint(problem: Problem, ticks: Ticks, tight: bool, levels: Sequence[flo
         hint = make_hint(canon, ticks)
         if tight and not tight_memory_ok(hint, problem, ticks.delta):
             continue
-        if best is None or hint.makespan < best.makespan:
-            best = hint
-    if best is not None:
-        return best
+        hints.append(hint)
+    if hints:
+        return sorted(hints, key=lambda hint: hint.makespan)
     if not ticks.graph.placement:
         raise AssertionError("the sequential schedule always fits a feasible budget")
     raise NoHint(f"no fitting schedule with placement {placement} to start from")
@@ -988,7 +994,8 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
         raise ValueError("offload is modelled for one stage per device only")
     ticks = make_ticks(problem, split_backward, offload, levels, placement)
     starts = ([warm_start] if isinstance(warm_start, Schedule) else list(warm_start or []))
-    hint = _pick_hint(problem, ticks, offload, levels, starts)
+    hints = _pick_hints(problem, ticks, offload, levels, starts)
+    hint = hints[0]
     horizon = hint.makespan
     # without offload the memory bounds (round trip, warm-up) count too
     free = lower_bound(ticks.graph)
@@ -1007,7 +1014,7 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
     # time_window_search`) once the full model has had its share
     by_time = decompose_auto and not offload and large and placement is not None
     if by_time and windows_from_the_start(problem):
-        return _windows_from_hint(problem, ticks, hint, lower, deadline, threads,
+        return _windows_from_hint(problem, ticks, hints, lower, deadline, threads,
                                   progress, t0)
     began = time.monotonic()
     if offload:
@@ -1121,17 +1128,20 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
                         extra=extra)
 
 
-def _windows_from_hint(problem: Problem, ticks: Ticks, hint: Hint, lower: int,
+def _windows_from_hint(problem: Problem, ticks: Ticks, hints: Sequence[Hint], lower: int,
                        deadline: float, threads: int, progress: ProgressFn | None,
                        t0: float) -> EngineResult:
     """A chunked placement past :data:`TIME_FULL_MAX_CELLS`: the time windows from the
-    hint until ``deadline``, the full model neither built nor run. The bound is
-    ``lower`` (the memory bounds), all the full model proved there too."""
+    hints (fastest first; the search opens from several) until ``deadline``, the full
+    model neither built nor run. The bound is ``lower`` (the memory bounds), all the
+    full model proved there too."""
     from optpipe.optimizer.decompose import time_window_search
 
+    hint = hints[0]
     timed, stats = time_window_search(problem, ticks, hint, lower=lower, deadline=deadline,
                                       threads=threads, progress=progress, t0=t0,
-                                      bound=lower / ticks.scale, proof_seconds=math.inf)
+                                      bound=lower / ticks.scale, proof_seconds=math.inf,
+                                      others=hints[1:])
     objective, bound = timed.makespan / ticks.scale, min(lower, timed.makespan) / ticks.scale
     extra = {**_run_extra(ticks, hint, lower, "order"), **_time_window_extra(stats),
              "full_model": f"not run: over {TIME_FULL_MAX_CELLS} stage x microbatch cells",

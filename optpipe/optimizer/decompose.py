@@ -66,6 +66,15 @@ TIME_PATIENCE = 12
 #: `python scripts/bench_window_variants.py --sizes 16x64 --variants plain,no-cooldown
 #: --seeds 1,2,3,4,5,6`; docs/optimizer-log.md, "Search revision 19").
 COOLDOWN_STEPS = 4
+#: The opening runs from this many starts (the fastest first), and the search goes on
+#: from the shortest result. Why: a start's makespan says little of what the search
+#: makes of it; what matters is whether its idle time is where the opening removes it
+#: (at the end) or scattered through the steady state. At 16 x 64 on the V shape at
+#: budget S, the fastest admission start (205.05 s, 23 gaps of 0.1-0.3 s on the tip's
+#: device between 96 s and 190 s) opens to 204.7 s, the second and fourth (206.1 and
+#: 206.7 s, none there, 4-5 s of idle at the end) to 202.25 and 202.5 s, in 2-3 s each,
+#: and the search from the fourth reached the bound, 201.75 s, in both of two runs.
+OPENING_STARTS = 4
 
 
 @dataclass
@@ -285,7 +294,8 @@ def time_window_search(problem: Problem, ticks: Any, hint: Any, *, lower: int,
                        progress: ProgressFn | None = None, t0: float | None = None,
                        bound: float | None = None, seed: int = 0,
                        patience: int | None = None,
-                       proof_seconds: float = 0.0) -> tuple[Any, WindowStats]:
+                       proof_seconds: float = 0.0,
+                       others: Sequence[Any] = ()) -> tuple[Any, WindowStats]:
     """Improve ``hint`` (a :class:`~.cpsat.Hint`) until ``deadline``; returns (hint, stats).
 
     Each step frees the compute tasks that start within a window of ``tasks`` mean task
@@ -297,7 +307,9 @@ def time_window_search(problem: Problem, ticks: Any, hint: Any, *, lower: int,
     it runs out of time. A step that finds an equally short schedule is kept too:
     it moves the search along the plateau, which is where the next step finds room.
     Before the drawn windows, up to :data:`COOLDOWN_STEPS` windows of the first width
-    end at the makespan (while each finds a shorter schedule). Stops when the incumbent
+    end at the makespan (while each finds a shorter schedule), from ``hint`` and from
+    the next :data:`OPENING_STARTS` - 1 of ``others`` (further starts, fastest first);
+    the drawn windows go on from the shortest result. Stops when the incumbent
     reaches ``lower`` (ticks) or after ``patience`` steps in a row without a shorter
     schedule (default :data:`TIME_PATIENCE`), so that the caller can spend the time left
     on a proof — unless less time is left than that proof needs to start
@@ -313,16 +325,13 @@ def time_window_search(problem: Problem, ticks: Any, hint: Any, *, lower: int,
     stepper = _Stepper(problem, ticks, lower, deadline, threads, step_limit)
     rng = random.Random(seed)
     best = hint
-    for _ in range(COOLDOWN_STEPS):
-        if not stepper.room() or best.makespan <= lower:
+    for start in [hint, *others[:OPENING_STARTS - 1]]:
+        if best.makespan <= lower:
             break
-        at = best.makespan - first
-        timed = stepper.run(best, started_within(best, at), stats, frozen_before=at)
-        if timed is None or timed.makespan >= best.makespan:
-            break
-        stats.improvements += 1
-        _report(progress, t0, timed, ticks, bound)
-        best = timed
+        opened = _opening(stepper, start, first, lower, stats)
+        if opened.makespan < best.makespan:
+            _report(progress, t0, opened, ticks, bound)
+            best = opened
     idle_steps = 0
     while stepper.room() and best.makespan > lower and (
             idle_steps < patience or deadline - time.monotonic() < 1 + proof_seconds):
@@ -341,6 +350,23 @@ def time_window_search(problem: Problem, ticks: Any, hint: Any, *, lower: int,
             _report(progress, t0, timed, ticks, bound)
         best = timed
     return best, stats
+
+
+def _opening(stepper: _Stepper, start: Any, first: int, lower: int,
+             stats: WindowStats) -> Any:
+    """``start`` after the search's opening: up to :data:`COOLDOWN_STEPS` windows of
+    the ``first`` width that end at the makespan, while each finds a shorter schedule."""
+    best = start
+    for _ in range(COOLDOWN_STEPS):
+        if not stepper.room() or best.makespan <= lower:
+            break
+        at = best.makespan - first
+        timed = stepper.run(best, started_within(best, at), stats, frozen_before=at)
+        if timed is None or timed.makespan >= best.makespan:
+            break
+        stats.improvements += 1
+        best = timed
+    return best
 
 
 def first_width(graph: Any, tasks: float | None = None) -> int:
