@@ -261,15 +261,20 @@ def test_no_proof_attempt_for_one_stage_per_device_where_it_cannot_win_at_budget
     assert result.sim.fits and result.sim.makespan <= min(chunked) + 1e-9
 
 
-def test_the_first_chunked_placement_keeps_the_time_the_others_would_not_use() -> None:
+def test_the_first_chunked_placement_keeps_the_time_the_others_would_not_use(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """At budget S on 8 x 32 the interleaved chunks start no better than the best
     fitting start (their own, 0.5% ahead of the V shape's, whose lower memory bound
     puts it first), so after the V shape's run they wait for the second sweep, where
     the V shape comes first again: the V shape gets the whole search in one run, not
     70% and then a restart (search revision 14). (8 x 16 until search revision 16,
-    whose admission schedules start the V shape ahead there.)"""
+    whose admission schedules start the V shape ahead there; the starts that keep
+    microbatch 0's path clear, search revision 20, do so at 8 x 32 too, so they are
+    left out here to keep the V shape's start behind.)"""
+    from optpipe.optimizer import listsched
     from optpipe.schedule import searched_placements
 
+    monkeypatch.setattr(listsched, "LOOKAHEADS", (False,))
     problem = uniform_problem(8, 32, p2p=0.05, activation=1000,
                               freed_by_b=500).activation_budget(8)
     result = solve(problem, time_limit=15, progress=False, offload=False, cache=False)
