@@ -181,11 +181,8 @@ class _Engine:
                     above += 1
                 arrival = (self.f_end[self.S - 1][0] if above == self.S else
                            self.b_end[above][0] + self._hop(above, self.dev[above - 1]))
-                for u in range(above - 1, s, -1):
-                    start = max(arrival, self.free[self.dev[u]], t)
-                    arrival = (start + self.p.backward_input[u]
-                               + self._hop(u, self.dev[u - 1]))
-                due = min(due, arrival)
+                due = min(due, self._projected(range(above - 1, s, -1), arrival, t,
+                                               self.p.backward_input, -1))
             if s != self.entry[d] and self.nf[s] == 0:
                 # the forward chain from the last placed forward up to s
                 below = s - 1
@@ -194,11 +191,19 @@ class _Engine:
                 if below < 0:
                     continue
                 arrival = self.f_end[below][0] + self._hop(below, self.dev[below + 1])
-                for u in range(below + 1, s):
-                    start = max(arrival, self.free[self.dev[u]], t)
-                    arrival = start + self.p.forward[u] + self._hop(u, self.dev[u + 1])
-                due = min(due, arrival)
+                due = min(due, self._projected(range(below + 1, s), arrival, t,
+                                               self.p.forward, +1))
         return due
+
+    def _projected(self, stages: range, arrival: float, t: float,
+                   duration: Sequence[float], step: int) -> float:
+        """When the output of the last of ``stages`` (unplaced, one pass, each feeding
+        stage ``u + step``) could reach its consumer, the first input there at
+        ``arrival``: each run as soon as its device is free, none before ``t``."""
+        for u in stages:
+            start = max(arrival, self.free[self.dev[u]], t)
+            arrival = start + duration[u] + self._hop(u, self.dev[u + step])
+        return arrival
 
     # --------------------------------------------------------------- admission
     def _admissible(self, s: int, d: int) -> bool:

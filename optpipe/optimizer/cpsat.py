@@ -66,7 +66,7 @@ WINDOW = 8
 #: so the two are within the runs' noise; 0.1 proved 8 x 32 both times.
 TIME_FULL_SHARE = 0.1
 #: ... up to this many stage x microbatch cells; beyond, the time windows start from the
-#: hint at once (:func:`_windows_from_hint`). Why: there the full model's share returned
+#: hints at once (:func:`_windows_from_hints`). Why: there the full model's share returned
 #: nothing better than its hint (CP-SAT alone on the V shape at S, 55 s, by hand
 #: 2026-12-02: 8 x 64, 65.8k variables, and 16 x 64, 107.5k, not even the hint after 5 s,
 #: 8-11 s with building the model; 16 x 32 only its hint, twice), while the windows
@@ -1014,7 +1014,7 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
     # time_window_search`) once the full model has had its share
     by_time = decompose_auto and not offload and large and placement is not None
     if by_time and windows_from_the_start(problem):
-        return _windows_from_hint(problem, ticks, hints, lower, deadline, threads,
+        return _windows_from_hints(problem, ticks, hints, lower, deadline, threads,
                                   progress, t0)
     began = time.monotonic()
     if offload:
@@ -1128,7 +1128,7 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
                         extra=extra)
 
 
-def _windows_from_hint(problem: Problem, ticks: Ticks, hints: Sequence[Hint], lower: int,
+def _windows_from_hints(problem: Problem, ticks: Ticks, hints: Sequence[Hint], lower: int,
                        deadline: float, threads: int, progress: ProgressFn | None,
                        t0: float) -> EngineResult:
     """A chunked placement past :data:`TIME_FULL_MAX_CELLS`: the time windows from the

@@ -73,7 +73,8 @@ COOLDOWN_STEPS = 4
 #: budget S, the fastest admission start (205.05 s, 23 gaps of 0.1-0.3 s on the tip's
 #: device between 96 s and 190 s) opens to 204.7 s, the second and fourth (206.1 and
 #: 206.7 s, none there, 4-5 s of idle at the end) to 202.25 and 202.5 s, in 2-3 s each,
-#: and the search from the fourth reached the bound, 201.75 s, in both of two runs.
+#: and the search from the fourth reached the bound, 201.75 s, in both of two runs
+#: (`python scripts/bench_openings.py`; docs/optimizer-log.md, "Search revision 20").
 OPENING_STARTS = 4
 
 

@@ -65,7 +65,8 @@ ADMISSION_KEEP = 4
 #: (``Policy.lookahead``). Why both: with it the V shape's first backward on the tip's
 #: device starts at the warm-up bound (16 x 32 at S: 25.75 s against 28.95 s; best start
 #: 107.3 s against 111.35 s; 16 x 64: 205.05 s against 210.0 s), without it some
-#: interleaved and S/2 starts are faster.
+#: interleaved and S/2 starts are faster (`python scripts/bench_openings.py`,
+#: `python scripts/bench_listsched.py`).
 LOOKAHEADS = (False, True)
 
 
