@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""Variants of the time-window search on a chunked placement at budget S, over seeds.
+"""Variants of the time-window search on a chunked placement, over seeds.
 
 Why this script: the window search's answers at 8 x 16 and 16 x 32 (budget S, V shape)
 move by about 0.4 s from run to run, so a change to it can only be judged over several
 runs. This runs CP-SAT alone on the placement (``cpsat.solve_cpsat``, hinted with the
 fitting fixed and list schedules, as the driver hints it) for a given time, once per
 seed of the window search and per variant, on the benchmark's problem
-(``bench_solver.bench_problem``: F = B = W = 1 s, p2p 0.05 s). The variants are
+(``bench_solver.bench_problem``: F = B = W = 1 s, p2p 0.05 s; budget S unless
+``--budget`` says another multiple of S). The variants are
 patches of :mod:`optpipe.optimizer.decompose` for the run, none of them kept (why:
 docs/optimizer-log.md, "16 x 32 at S: the bound or the search?"):
 
@@ -44,6 +45,12 @@ docs/optimizer-log.md, "16 x 32 at S: the bound or the search?"):
   warm-up bound's device can first run a backward (plus a first width), whose objective
   is that backward's start first and the makespan second (no later than the start's):
   at 16 x 64 a 203.1 s schedule started it 1.1 s late, which is most of its gap.
+* ``one-chain``: the drawn windows go on from the shortest opening only
+  (``decompose.SEARCH_CHAINS`` = 1, search revision 20) instead of taking turns on
+  the two shortest within ``CHAIN_MARGIN``.
+* ``open-8``: the search opens from the 8 fastest starts instead of 4
+  (``decompose.OPENING_STARTS``): at 16 x 32, S the sixth fastest start (108.5 s,
+  greedy W) opens to 106.5 s, the fastest to 107.25 s.
 * ``counted``: a drawn window frees as many tasks as its width holds when every device
   is busy (width / mean task x devices), running on in time where the schedule is
   sparse. Why: the width is in time, so at 16 x 32 a window freed 330-470 tasks in the
@@ -75,7 +82,8 @@ from docblock import publish  # noqa: E402
 DOC = ROOT / "docs" / "optimizer-log.md"
 START, END = "<!-- window-variants:start -->", "<!-- window-variants:end -->"
 VARIANTS = ("plain", "unavoidable", "origin", "step12", "warmup-first", "warmup-last",
-            "run-on", "no-cooldown", "widen-end", "critical", "bottleneck", "tip-first", "counted")
+            "run-on", "no-cooldown", "widen-end", "critical", "bottleneck", "tip-first", "counted",
+            "one-chain", "open-8")
 #: the warm-up window: this share of the schedule, up to this many seconds
 WARMUP_SHARE, WARMUP_SECONDS, WARMUP_RESERVE = 0.28, 15.0, 16.0
 #: ``run-on``: a step runs at most this many times its limit, and stops past the limit
@@ -284,7 +292,7 @@ def _run_on(stepper, solver, model, best) -> int:
 
 
 def run(stages: int, microbatches: int, shape: str, variant: str, seed: int,
-        seconds: float) -> float:
+        seconds: float, budget: float = 1.0) -> float:
     """One run: the makespan CP-SAT alone returns with ``variant`` patched in."""
     from optpipe.optimizer import decompose
     from optpipe.optimizer.cpsat import make_ticks, solve_cpsat
@@ -292,11 +300,12 @@ def run(stages: int, microbatches: int, shape: str, variant: str, seed: int,
     from optpipe.optimizer.preprocess import fixed_schedules
     from optpipe.schedule import searched_placements
 
-    problem = bench_problem(stages, microbatches, stages, False)
+    problem = bench_problem(stages, microbatches, stages * budget, False)
     place = searched_placements(stages)[shape]
     saved = (decompose.time_window_search, decompose.idle_gaps,
              decompose._window_start, decompose.TIME_STEP_LIMIT, decompose._Stepper.solve,
-             decompose.COOLDOWN_STEPS, decompose.started_within)
+             decompose.COOLDOWN_STEPS, decompose.started_within, decompose.SEARCH_CHAINS,
+             decompose.OPENING_STARTS)
     search = functools.partial(saved[0], seed=seed)
     try:
         if variant == "unavoidable":
@@ -340,6 +349,10 @@ def run(stages: int, microbatches: int, shape: str, variant: str, seed: int,
             search = warmup_last
         elif variant == "no-cooldown":
             decompose.COOLDOWN_STEPS = 0
+        elif variant == "one-chain":
+            decompose.SEARCH_CHAINS = 1
+        elif variant == "open-8":
+            decompose.OPENING_STARTS = 8
         elif variant == "widen-end":
             decompose.COOLDOWN_STEPS = 0
 
@@ -360,8 +373,18 @@ def run(stages: int, microbatches: int, shape: str, variant: str, seed: int,
     finally:
         (decompose.time_window_search, decompose.idle_gaps,
          decompose._window_start, decompose.TIME_STEP_LIMIT, decompose._Stepper.solve,
-         decompose.COOLDOWN_STEPS, decompose.started_within) = saved
+         decompose.COOLDOWN_STEPS, decompose.started_within, decompose.SEARCH_CHAINS,
+         decompose.OPENING_STARTS) = saved
     return result.objective
+
+
+def _budget_label(budget: float) -> str:
+    """S, S/2, 2S, ... for the table's caption."""
+    if budget == 1:
+        return "S"
+    if budget < 1 and (1 / budget).is_integer():
+        return f"S/{int(1 / budget)}"
+    return f"{budget:g}S"
 
 
 def main() -> int:
@@ -371,6 +394,8 @@ def main() -> int:
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--seeds", default="1,2,3,4")
     ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--budget", type=float, default=1.0,
+                    help="the budget in multiples of S microbatches' activations (default 1)")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
     seeds = [int(x) for x in args.seeds.split(",")]
@@ -379,8 +404,8 @@ def main() -> int:
     for size in args.sizes.split(","):
         stages, microbatches = (int(x) for x in size.split("x"))
         for variant in args.variants.split(","):
-            found = [run(stages, microbatches, args.placement, variant, seed, args.seconds)
-                     for seed in seeds]
+            found = [run(stages, microbatches, args.placement, variant, seed, args.seconds,
+                         args.budget) for seed in seeds]
             row = (f"| {stages} x {microbatches} | {variant} | "
                    f"{', '.join(f'{x:g}' for x in found)} s | "
                    f"{statistics.mean(found):.2f} s |")
@@ -388,7 +413,8 @@ def main() -> int:
             rows.append(row)
     text = (f"Measured with `python scripts/bench_window_variants.py` on 2 CPU cores, "
             f"2 solver threads, CP-SAT alone on the {args.placement} placement at budget "
-            f"S for {args.seconds:g} s per run (F = B = W = 1 s, p2p 0.05 s).\n\n"
+            f"{_budget_label(args.budget)} for {args.seconds:g} s per run "
+            f"(F = B = W = 1 s, p2p 0.05 s).\n\n"
             + "\n".join(rows))
     publish(text, DOC, START, END, write=not args.no_write)
     return 0

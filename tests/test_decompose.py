@@ -19,7 +19,7 @@ from ortools.sat.python import cp_model
 from optpipe.optimizer.cpsat import (CROSS_STAGE_MAX_MICROBATCHES, _extract, _pick_hint,
                                      _pick_hints, build_order_model, make_hint, make_ticks,
                                      new_solver, solve_cpsat)
-from optpipe.optimizer.decompose import (COOLDOWN_STEPS, OPENING_STARTS,
+from optpipe.optimizer.decompose import (COOLDOWN_STEPS, OPENING_STARTS, SEARCH_CHAINS,
                                          TIME_WINDOW_GROWTH, _next_width,
                                          _Stepper, _window_start, first_width, idle_gaps,
                                          pinned_windows, started_within,
@@ -263,6 +263,36 @@ def test_the_search_opens_from_several_starts_and_goes_on_from_the_shortest(seed
                                      deadline=time.monotonic() + 120, **common)
     assert stats.steps >= len(hints)
     assert best.makespan <= min(alone) <= hints[0].makespan
+    sim = simulate(problem, best.schedule)
+    assert sim.fits
+    assert sim.makespan == pytest.approx(best.makespan / ticks.scale, rel=1e-9)
+
+
+def test_the_drawn_windows_take_turns_on_the_shortest_openings(monkeypatch) -> None:
+    """Past the openings, the drawn windows go on from the two shortest (within
+    ``decompose.CHAIN_MARGIN``, widened here so that both count), each for
+    ``decompose.CHAIN_TURN`` steps in a row without a shorter schedule before the other takes
+    its turn: with a turn of one step and patience for three, the second chain gets
+    steps too. The answer is never longer than the shortest opening, and valid."""
+    from optpipe.optimizer import decompose
+    from optpipe.optimizer.listsched import warm_starts
+
+    monkeypatch.setattr(decompose, "CHAIN_MARGIN", 10.0)
+    monkeypatch.setattr(decompose, "CHAIN_TURN", 1)
+    problem = uneven(random.Random(1), 3, 8, 2.0)
+    placement = searched_placements(3)["v"]
+    ticks = make_ticks(problem, True, False, (1.0,), placement)
+    pool = [c.schedule for c in fixed_schedules(problem).candidates if c.fits]
+    hints = _pick_hints(problem, ticks, False, (1.0,),
+                        pool + warm_starts(problem, placement))[:OPENING_STARTS]
+    common = dict(lower=0, threads=2, tasks=4)
+    opened, _ = time_window_search(problem, ticks, hints[0], others=hints[1:], patience=0,
+                                   deadline=time.monotonic() + 120, **common)
+    best, stats = time_window_search(problem, ticks, hints[0], others=hints[1:],
+                                     patience=3, deadline=time.monotonic() + 120, **common)
+    assert len(stats.chain_steps) == SEARCH_CHAINS == 2
+    assert all(n >= 1 for n in stats.chain_steps), stats.chain_steps
+    assert best.makespan <= opened.makespan
     sim = simulate(problem, best.schedule)
     assert sim.fits
     assert sim.makespan == pytest.approx(best.makespan / ticks.scale, rel=1e-9)

@@ -1170,7 +1170,7 @@ def _run_extra(ticks: Ticks, hint: Hint, lower: int, model: str) -> dict[str, An
 def _time_window_extra(stats: Any) -> dict[str, Any]:
     """A time-window search's figures for ``extra`` (:class:`~.decompose.WindowStats`)."""
     return {"time_window_steps": stats.steps, "time_window_improvements": stats.improvements,
-            "time_window_ticks": stats.window}
+            "time_window_ticks": stats.window, "time_window_chain_steps": stats.chain_steps}
 
 
 def _closing_run(problem: Problem, ticks: Ticks, timed: Hint, lower: int,

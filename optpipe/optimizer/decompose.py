@@ -27,7 +27,7 @@ import graphlib
 import math
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Collection, Iterable, Sequence
 
 from ortools.sat.python import cp_model
@@ -76,6 +76,26 @@ COOLDOWN_STEPS = 4
 #: and the search from the fourth reached the bound, 201.75 s, in both of two runs
 #: (`python scripts/bench_openings.py`; docs/optimizer-log.md, "Search revision 20").
 OPENING_STARTS = 4
+#: The drawn windows go on from this many of the openings' results, the shortest
+#: first, of those within :data:`CHAIN_MARGIN` of the shortest, taking turns: each for
+#: :data:`CHAIN_TURN` steps in a row without a shorter schedule, then the next, each
+#: with a window width of its own. Why: one opening's result can be a local optimum the
+#: drawn windows never leave. At 16 x 64 on the V shape at budget S the shortest
+#: opening (202.25 s) stayed there for the last 50 s of every run, while the search
+#: from the fourth start's (202.5 s) reached the bound, 201.75 s. Taking turns on both:
+#: 201.75 s (proven) in 2 of 4 seeds and 202.0 s in the others, against 202.25 s in
+#: all four (CP-SAT alone, 60 s; `python scripts/bench_window_variants.py --sizes
+#: 16x64,16x32 --variants plain,one-chain`; docs/optimizer-log.md, "Search revision 21").
+SEARCH_CHAINS = 2
+CHAIN_TURN = 4
+#: How close (a share of its makespan) a second opening must come to the shortest to
+#: get turns. Why: where the drawn windows keep finding shorter schedules, a turn on a
+#: worse line costs their time. At 16 x 32 (the openings 107.25 and 107.8 s, 0.5%
+#: apart) taking turns gave 106.5 s against 106.0 s (seeds 1-4); at 16 x 64 they are
+#: 0.12% apart. At S/2 on 16 x 32 and 16 x 64 (openings 0.04-0.15% apart, so taking
+#: turns) the two ways were even over seeds 1-2 (`--budget 0.5`). Fitted on these
+#: cells only.
+CHAIN_MARGIN = 0.0025
 
 
 @dataclass
@@ -83,6 +103,9 @@ class WindowStats:
     steps: int = 0
     improvements: int = 0
     window: int = 0
+    #: the drawn windows' steps on each chain of the time-window search (the shortest
+    #: opening's first; :data:`SEARCH_CHAINS`)
+    chain_steps: list[int] = field(default_factory=list)
 
 
 class _Stepper:
@@ -310,7 +333,8 @@ def time_window_search(problem: Problem, ticks: Any, hint: Any, *, lower: int,
     Before the drawn windows, up to :data:`COOLDOWN_STEPS` windows of the first width
     end at the makespan (while each finds a shorter schedule), from ``hint`` and from
     the next :data:`OPENING_STARTS` - 1 of ``others`` (further starts, fastest first);
-    the drawn windows go on from the shortest result. Stops when the incumbent
+    the drawn windows go on from the shortest results, taking turns
+    (:data:`SEARCH_CHAINS`), each with a width of its own. Stops when the incumbent
     reaches ``lower`` (ticks) or after ``patience`` steps in a row without a shorter
     schedule (default :data:`TIME_PATIENCE`), so that the caller can spend the time left
     on a proof — unless less time is left than that proof needs to start
@@ -321,36 +345,60 @@ def time_window_search(problem: Problem, ticks: Any, hint: Any, *, lower: int,
     t0 = time.monotonic() if t0 is None else t0
     first = first_width(ticks.graph, tasks)
     narrowest, widest = (max(1, int(first * r)) for r in TIME_WINDOW_RANGE)
-    width = first
-    stats = WindowStats(window=width)
+    stats = WindowStats(window=first)
     stepper = _Stepper(problem, ticks, lower, deadline, threads, step_limit)
     rng = random.Random(seed)
-    best = hint
+    opened = []
     for start in [hint, *others[:OPENING_STARTS - 1]]:
-        if best.makespan <= lower:
+        if opened and min(c.best.makespan for c in opened) <= lower:
             break
-        opened = _opening(stepper, start, first, lower, stats)
-        if opened.makespan < best.makespan:
-            _report(progress, t0, opened, ticks, bound)
-            best = opened
+        opened.append(_Chain(_opening(stepper, start, first, lower, stats), first))
+    best = min((c.best for c in opened), key=lambda h: h.makespan)
+    if best.makespan < hint.makespan:
+        _report(progress, t0, best, ticks, bound)
+    # the drawn windows take turns on the shortest openings (see SEARCH_CHAINS)
+    near = best.makespan * (1 + CHAIN_MARGIN)
+    chains = sorted((c for c in opened if c.best.makespan <= near),
+                    key=lambda c: c.best.makespan)[:SEARCH_CHAINS]
+    turn = 0
+    stats.chain_steps = [0] * len(chains)
     idle_steps = 0
     while stepper.room() and best.makespan > lower and (
             idle_steps < patience or deadline - time.monotonic() < 1 + proof_seconds):
         idle_steps += 1
-        at = _window_start(best, width, rng)
-        timed = stepper.run(best, started_within(best, at, at + width), stats,
-                            frozen_before=at)
-        if timed is None or timed.makespan >= best.makespan:
-            width = _next_width(width, stepper, narrowest, widest)
-            stats.window = width
-        if timed is None or timed.makespan > best.makespan:
+        chain = chains[turn]
+        stats.chain_steps[turn] += 1
+        at = _window_start(chain.best, chain.width, rng)
+        timed = stepper.run(chain.best, started_within(chain.best, at, at + chain.width),
+                            stats, frozen_before=at)
+        if timed is None or timed.makespan >= chain.best.makespan:
+            chain.width = _next_width(chain.width, stepper, narrowest, widest)
+            stats.window = chain.width
+            chain.idle += 1
+            if chain.idle >= CHAIN_TURN and len(chains) > 1:
+                chain.idle = 0
+                turn = (turn + 1) % len(chains)
+        if timed is None or timed.makespan > chain.best.makespan:
             continue
-        if timed.makespan < best.makespan:
+        if timed.makespan < chain.best.makespan:
+            chain.idle = 0
             stats.improvements += 1
+        chain.best = timed
+        if timed.makespan < best.makespan:
             idle_steps = 0
             _report(progress, t0, timed, ticks, bound)
-        best = timed
+            best = timed
     return best, stats
+
+
+@dataclass
+class _Chain:
+    """One line of the time-window search: its schedule, window width and steps in a
+    row without a shorter schedule."""
+
+    best: Any
+    width: int
+    idle: int = 0
 
 
 def _opening(stepper: _Stepper, start: Any, first: int, lower: int,
