@@ -100,8 +100,14 @@ CHAIN_MARGIN = 0.0025
 
 @dataclass
 class WindowStats:
+    """What a window search did (for the run's ``extra``)."""
+
+    #: CP-SAT steps run, the openings' included
     steps: int = 0
+    #: steps that found a shorter schedule on their own line (an opening from a start
+    #: that did not win, or a chain that is not the shortest, counts too)
     improvements: int = 0
+    #: the last window width used (ticks)
     window: int = 0
     #: the drawn windows' steps on each chain of the time-window search (the shortest
     #: opening's first; :data:`SEARCH_CHAINS`)
