@@ -26,7 +26,6 @@ import argparse
 import math
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,32 +40,14 @@ START, END = "<!-- openings:start -->", "<!-- openings:end -->"
 
 def policy_runs(problem, place):
     """Every admission policy's fitting order on ``place``: (label, orders), distinct
-    orders once, fastest estimate first."""
-    from optpipe.generators import listsched as greedy
-    from optpipe.generators.zbv import VARIANTS
-    from optpipe.optimizer.listsched import LOOKAHEADS, RESERVE_SHARES
+    orders once, fastest estimate first
+    (:func:`~optpipe.optimizer.listsched.admission_runs`)."""
+    from optpipe.optimizer.listsched import admission_runs
 
-    cap = tuple(float(problem.budget[d] - problem.static[d]) for d in range(problem.devices))
-    split = problem.split(place)
-    runs, seen = [], set()
-    for share in RESERVE_SHARES:
-        for variant in VARIANTS:
-            for lookahead in LOOKAHEADS:
-                policy = replace(variant, mem_cap=cap, reserve=share, lookahead=lookahead)
-                try:
-                    run = greedy.list_schedule(split, place, policy)
-                except greedy.Stalled:
-                    continue
-                key = tuple(map(tuple, run.orders))
-                if key in seen or any(p > c + 1e-6 for p, c in zip(run.peak_kept, cap)):
-                    continue
-                seen.add(key)
-                label = (f"share {share:g}, {variant.prefer} first, {variant.w_mode} W"
-                         + (", guard" if variant.guard_b else "")
-                         + (", **lookahead**" if lookahead else ""))
-                runs.append((run.estimate, label, run.orders))
-    runs.sort(key=lambda r: r[0])
-    return [(label, orders) for _, label, orders in runs]
+    return [(f"share {policy.reserve:g}, {policy.prefer} first, {policy.w_mode} W"
+             + (", guard" if policy.guard_b else "")
+             + (", **lookahead**" if policy.lookahead else ""), orders)
+            for orders, policy in admission_runs(problem, place)]
 
 
 def rows(stages: int, microbatches: int, top: int, steps: int) -> list[str]:

@@ -1015,7 +1015,7 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
     by_time = decompose_auto and not offload and large and placement is not None
     if by_time and windows_from_the_start(problem):
         return _windows_from_hints(problem, ticks, hints, lower, deadline, threads,
-                                  progress, t0)
+                                   progress, t0)
     began = time.monotonic()
     if offload:
         builder, handles = build_tight_model(problem, ticks, horizon, lower, hint, levels)
@@ -1129,8 +1129,8 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
 
 
 def _windows_from_hints(problem: Problem, ticks: Ticks, hints: Sequence[Hint], lower: int,
-                       deadline: float, threads: int, progress: ProgressFn | None,
-                       t0: float) -> EngineResult:
+                        deadline: float, threads: int, progress: ProgressFn | None,
+                        t0: float) -> EngineResult:
     """A chunked placement past :data:`TIME_FULL_MAX_CELLS`: the time windows from the
     hints (fastest first; the search opens from several) until ``deadline``, the full
     model neither built nor run. The bound is ``lower`` (the memory bounds), all the

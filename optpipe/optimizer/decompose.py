@@ -66,8 +66,8 @@ TIME_PATIENCE = 12
 #: `python scripts/bench_window_variants.py --sizes 16x64 --variants plain,no-cooldown
 #: --seeds 1,2,3,4,5,6`; docs/optimizer-log.md, "Search revision 19").
 COOLDOWN_STEPS = 4
-#: The opening runs from this many starts (the fastest first), and the search goes on
-#: from the shortest result. Why: a start's makespan says little of what the search
+#: The opening runs from this many starts (the fastest first), and the drawn windows
+#: go on from the shortest results (:data:`SEARCH_CHAINS`). Why: a start's makespan says little of what the search
 #: makes of it; what matters is whether its idle time is where the opening removes it
 #: (at the end) or scattered through the steady state. At 16 x 64 on the V shape at
 #: budget S, the fastest admission start (205.05 s, 23 gaps of 0.1-0.3 s on the tip's
@@ -92,8 +92,9 @@ CHAIN_TURN = 4
 #: get turns. Why: where the drawn windows keep finding shorter schedules, a turn on a
 #: worse line costs their time. At 16 x 32 (the openings 107.25 and 107.8 s, 0.5%
 #: apart) taking turns gave 106.5 s against 106.0 s (seeds 1-4); at 16 x 64 they are
-#: 0.12% apart. At S/2 on 16 x 32 and 16 x 64 (openings 0.04-0.15% apart, so taking
-#: turns) the two ways were even over seeds 1-2 (`--budget 0.5`). Fitted on these
+#: 0.12% apart (the 106.5 s: a first run of the script before the margin existed).
+#: At S/2 on 16 x 32 and 16 x 64 (openings 0.04-0.22% apart, so taking turns; by
+#: hand) the two ways were even over seeds 1-2 (`--budget 0.5`). Fitted on these
 #: cells only.
 CHAIN_MARGIN = 0.0025
 

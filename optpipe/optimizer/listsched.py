@@ -40,6 +40,7 @@ from dataclasses import replace
 from typing import Mapping, Sequence
 
 from optpipe.generators import listsched as greedy
+from optpipe.generators.base import Order
 from optpipe.generators.zbv import VARIANTS
 from optpipe.memory.accounting import memory_delta
 from optpipe.optimizer.preprocess import Key, TaskGraph, tails, task_graph
@@ -201,14 +202,14 @@ def list_schedules(problem: Problem, placement: Sequence[int],
     return out
 
 
-def admission_schedules(problem: Problem, placement: Sequence[int]) -> list[Schedule]:
-    """ZB-V's greedy on a chunked ``placement`` under ``problem``'s budget, holding only
-    :data:`RESERVE_SHARES` of each new microbatch's later-chunk bytes at admission
-    (see the module docstring): of every share and ZB-V variant, the
-    :data:`ADMISSION_KEEP` distinct orders that fit with the least estimated makespan.
+def admission_runs(problem: Problem, placement: Sequence[int]
+                   ) -> list[tuple[list[Order], greedy.Policy]]:
+    """ZB-V's greedy on a chunked ``placement`` under ``problem``'s budget with every
+    :data:`RESERVE_SHARES` share, ZB-V variant and :data:`LOOKAHEADS` setting: the
+    distinct orders that fit, as (orders, policy), least estimated makespan first.
 
     The engine's memory is exact for compute-only orders, so whether an order fits is
-    known without simulating it; the caller simulates the few kept.
+    known without simulating it. `scripts/bench_openings.py` reads every run from here.
     """
     place = list(placement)
     split = problem.split(place)
@@ -228,8 +229,19 @@ def admission_schedules(problem: Problem, placement: Sequence[int]) -> list[Sche
         seen.add(key)
         runs.append((run.estimate, len(runs), run.orders, policy))
     runs.sort(key=lambda run: run[:2])
+    return [(orders, policy) for _, _, orders, policy in runs]
+
+
+def admission_schedules(problem: Problem, placement: Sequence[int]) -> list[Schedule]:
+    """ZB-V's greedy on a chunked ``placement`` under ``problem``'s budget, holding only
+    :data:`RESERVE_SHARES` of each new microbatch's later-chunk bytes at admission
+    (see the module docstring): of every share and ZB-V variant, the
+    :data:`ADMISSION_KEEP` distinct orders that fit with the least estimated makespan
+    (:func:`admission_runs`); the caller simulates the few kept.
+    """
+    place = list(placement)
     out = []
-    for _, _, orders, policy in runs[:ADMISSION_KEEP]:
+    for orders, policy in admission_runs(problem, place)[:ADMISSION_KEEP]:
         name = f"admit-r{policy.reserve:g}-{policy.prefer}-{policy.w_mode}" + (
             "-guard" if policy.guard_b else "") + ("-look" if policy.lookahead else "")
         schedule = from_orders(name, place, problem.microbatches, orders)
