@@ -126,3 +126,21 @@ def test_pieces_already_proven_are_not_solved_again(monkeypatch) -> None:
                        known=known)
     assert 16 not in solved and solved          # the other pieces were solved
     assert cuts.whole[16] == pytest.approx(run.bound) and 16 in cuts.exact
+
+
+def test_the_largest_piece_can_be_smaller() -> None:
+    """``largest`` caps the pieces (the chunked placements' are slower to prove): on the
+    V shape at 4 x 6, pieces up to 3 are solved and proven, none larger, and their
+    chain still bounds the whole problem's optimum from below."""
+    problem = uniform_problem(4, 6, forward=1.0, backward_input=1.0, backward_weight=1.0,
+                              p2p=0.05, activation=2, freed_by_b=1,
+                              static=0).activation_budget(2)
+    place = v_placement(4)
+    cuts = prefix_cuts(problem, place, True, time_limit=20, hints=_hints(place, True),
+                       largest=3)
+    assert cuts.whole and max(cuts.whole) == 3 and max(cuts.reach) == 3
+    assert cuts.exact == {1, 2, 3}
+    plain = solve_cpsat(problem, warm_start=placement_hints(problem, place, True, None),
+                        time_limit=20, placement=place, decompose=False)
+    assert plain.status == "optimal"
+    assert 0 < cuts.makespan_bound(6) <= plain.objective + 1e-6

@@ -85,9 +85,9 @@ def prefix_cuts(problem: Problem, placement: Sequence[int] | None, split_backwar
                 *, time_limit: float, threads: int = 2,
                 hints: Callable[[Problem], list[Schedule]],
                 heartbeat: Callable[[], None] | None = None,
-                known: PrefixCuts | None = None) -> PrefixCuts:
+                known: PrefixCuts | None = None, largest: int = MAX_PIECE) -> PrefixCuts:
     """Solve the pieces, largest first, until ``time_limit``: for each ``n`` from
-    ``min(MAX_PIECE, M - 1)`` down, ``whole[n]`` (CP-SAT's proven bound on ``n``
+    ``min(largest, M - 1)`` down, ``whole[n]`` (CP-SAT's proven bound on ``n``
     microbatches) and ``reach[n]`` (on ``n + 1``), each followed by its complement
     (``reach[M - n]``, ``whole[M - n]``) when that is a piece too, so that a chain
     covering ``M`` exists early. Largest first, because the large pieces carry the
@@ -97,14 +97,15 @@ def prefix_cuts(problem: Problem, placement: Sequence[int] | None, split_backwar
     same problem on fewer microbatches already proved (the extended schedules' sources,
     :func:`~.extend.extended_schedules`); it is kept, and the pieces it solved to
     optimality are not solved again (at 16 x 32, S/2, the 16-microbatch optimum took
-    3-14 s)."""
+    3-14 s). ``largest``: the largest piece; on the chunked placements, whose pieces
+    take longer to prove, 8 (``scripts/bench_chunked_proofs.py``)."""
     from optpipe.optimizer.cpsat import NoHint, solve_cpsat, solve_reach
 
     t0 = time.monotonic()
     cuts = PrefixCuts() if known is None else \
         PrefixCuts(whole=dict(known.whole), exact=set(known.exact))
     M = problem.microbatches
-    top = min(MAX_PIECE, M - 1)
+    top = min(largest, M - 1)
     tasks: list[tuple[str, int]] = []
     for n in range(top, 0, -1):
         for task in (("whole", n), ("reach", M - n), ("reach", n), ("whole", M - n)):

@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""How long CP-SAT takes to prove a chunked placement's answer, with and without prefix cuts.
+
+Why this script: at budget S/2 no cell of the benchmark is proven over all placements in
+the minute (docs/optimizer.md, "The targets, where they stand"). At 16 microbatches the
+answers may already be optimal, and what is missing is the proof; :mod:`optpipe.
+optimizer.prefix` builds its cuts for one stage per device only (``driver._cuts_pay``:
+the chunked placements' pieces were once too slow to prove). This measures, for one
+placement (default the V shape) of the benchmark's problem
+(``bench_solver.bench_problem``: F = B = W = 1 s, p2p 0.05 s):
+
+1. a hint: the driver restricted to the placement for ``--hint-seconds``;
+2. the prefix cuts on the placement (pieces up to ``--largest`` microbatches, up to
+   ``--cuts-seconds``): their chain bound, and how many pieces were proven exactly;
+3. four proof attempts from the hint, each up to ``--seconds`` of CP-SAT on 2 threads:
+   ``optimize`` (the full order model, minimizing the makespan) and ``probe`` (the same
+   model with its horizon one tick below the hint: infeasible proves the hint optimal
+   on the placement), each without and with the cuts.
+
+Every time is wall time on this machine; the cuts' own time is in its column, not in
+the proofs'. Nothing is asserted; the table goes to docs/optimizer-log.md between
+markers.
+
+    python scripts/bench_chunked_proofs.py                        # 4 x 16 at S/2: about 5 min
+    python scripts/bench_chunked_proofs.py --sizes 8x16 --seconds 120 --no-write
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench_solver import bench_problem  # noqa: E402
+from docblock import publish  # noqa: E402
+
+DOC = ROOT / "docs" / "optimizer-log.md"
+START, END = "<!-- chunked-proofs:start -->", "<!-- chunked-proofs:end -->"
+
+
+def attempt(problem, schedule, seconds: float, cuts, probe: bool) -> tuple[str, float, float]:
+    """One proof attempt from ``schedule``: (outcome, bound in seconds, wall seconds).
+
+    ``probe``: the horizon is one tick below the hint, so INFEASIBLE proves it optimal
+    on its placement and a schedule found would be a shorter one."""
+    from ortools.sat.python import cp_model
+
+    from optpipe.optimizer.cpsat import build_order_model, make_hint, make_ticks, new_solver
+
+    t0 = time.monotonic()
+    ticks = make_ticks(problem, True, False, (1.0,), schedule.placement)
+    hint = make_hint(schedule, ticks)
+    horizon = hint.makespan - 1 if probe else hint.makespan
+    builder, _ = build_order_model(problem, ticks, horizon, 0, hint, cuts=cuts)
+    builder.add_hints()
+    solver = new_solver(seconds, 2)
+    code = solver.solve(builder.model)
+    wall = time.monotonic() - t0
+    if code == cp_model.INFEASIBLE:
+        return "proven (infeasible below)", (hint.makespan) / ticks.scale, wall
+    if code == cp_model.OPTIMAL:
+        value = solver.objective_value / ticks.scale
+        return ("shorter schedule found" if probe else "proven optimal"), value, wall
+    bound = solver.best_objective_bound / ticks.scale if code == cp_model.FEASIBLE \
+        else float("nan")
+    return "open at the limit", bound, wall
+
+
+def rows(stages: int, microbatches: int, budget: float, placement: str,
+         hint_seconds: float, cuts_seconds: float, largest: int,
+         seconds: float) -> list[str]:
+    """One size's row: the hint, the cuts, and the four attempts."""
+    from optpipe.optimizer.driver import solve
+    from optpipe.optimizer.prefix import prefix_cuts, truncated_hints
+
+    problem = bench_problem(stages, microbatches, stages * budget, False)
+    found = solve(problem, solver="cpsat", offload=False, placements=[placement],
+                  time_limit=hint_seconds, cache=False, progress=False).schedule
+    best = found.provenance["objective"]
+    t0 = time.monotonic()
+    cuts = prefix_cuts(problem, found.placement, True, time_limit=cuts_seconds,
+                       hints=truncated_hints([found]), largest=largest)
+    cut_time = time.monotonic() - t0
+    pieces = len(cuts.reach) + len(cuts.whole)
+    exact = len(cuts.exact)
+    cells = []
+    for probe in (False, True):
+        for with_cuts in (None, cuts):
+            outcome, value, wall = attempt(problem, found, seconds, with_cuts, probe)
+            cells.append(f"{outcome}, {value:.2f} s, {wall:.1f} s")
+            print(f"  {stages}x{microbatches} {'probe' if probe else 'optimize'} "
+                  f"{'cuts' if with_cuts else 'plain'}: {cells[-1]}", flush=True)
+    return [f"| {stages} x {microbatches} | {placement} | {best:.2f} s | "
+            f"{cuts.makespan_bound(microbatches):.2f} s ({pieces} pieces, {exact} exact "
+            f"wholes, {cut_time:.1f} s) | " + " | ".join(cells) + " |"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="4x16", help="SxM, ... (default 4x16)")
+    ap.add_argument("--budget", type=float, default=0.5,
+                    help="budget as a multiple of S microbatches' activations (default 0.5)")
+    ap.add_argument("--placement", default="v", choices=("v", "interleaved"))
+    ap.add_argument("--hint-seconds", type=float, default=10.0)
+    ap.add_argument("--cuts-seconds", type=float, default=30.0)
+    ap.add_argument("--largest", type=int, default=8, help="largest piece (default 8)")
+    ap.add_argument("--seconds", type=float, default=150.0,
+                    help="limit of each proof attempt (default 150)")
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args()
+    table = ["| size | placement | hint (driver, placement only) | cuts' chain bound | "
+             "optimize | optimize + cuts | probe | probe + cuts |",
+             "|---|---|---|---|---|---|---|---|"]
+    for size in args.sizes.split(","):
+        stages, microbatches = (int(x) for x in size.lower().split("x"))
+        table += rows(stages, microbatches, args.budget, args.placement, args.hint_seconds,
+                      args.cuts_seconds, args.largest, args.seconds)
+    caption = (f"Measured with `python scripts/bench_chunked_proofs.py --sizes {args.sizes} "
+               f"--budget {args.budget:g} --seconds {args.seconds:g}` "
+               f"({time.strftime('%Y-%m-%d')}, 2 cores, 2 solver threads; each cell: "
+               "outcome, the answer or bound, wall time).")
+    publish(caption + "\n\n" + "\n".join(table), DOC, START, END, write=not args.no_write)
+
+
+if __name__ == "__main__":
+    main()
