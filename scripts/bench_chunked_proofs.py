@@ -10,8 +10,10 @@ placement (default the V shape) of the benchmark's problem
 (``bench_solver.bench_problem``: F = B = W = 1 s, p2p 0.05 s):
 
 1. a hint: the driver restricted to the placement for ``--hint-seconds``;
-2. the prefix cuts on the placement (pieces up to ``--largest`` microbatches, up to
-   ``--cuts-seconds``): their chain bound, and how many pieces were proven exactly;
+2. the prefix cuts on the placement (pieces up to ``--largest`` microbatches: 8 on the
+   chunked placements, the driver's 16 on one stage per device, which is here for
+   comparison; up to ``--cuts-seconds``): their chain bound, and how many pieces were
+   proven exactly;
 3. four proof attempts from the hint, each up to ``--seconds`` of CP-SAT on 2 threads:
    ``optimize`` (the full order model, minimizing the makespan) and ``probe`` (the same
    model with its horizon one tick below the hint: infeasible proves the hint optimal
@@ -21,7 +23,7 @@ Every time is wall time on this machine; the cuts' own time is in its column, no
 the proofs'. Nothing is asserted; the table goes to docs/optimizer-log.md between
 markers.
 
-    python scripts/bench_chunked_proofs.py                        # 4 x 16 at S/2: about 5 min
+    python scripts/bench_chunked_proofs.py          # v:4x16 and linear:4x64 at S/2: about 12 min
     python scripts/bench_chunked_proofs.py --sizes 8x16 --seconds 120 --no-write
 """
 
@@ -40,6 +42,7 @@ from docblock import publish  # noqa: E402
 
 DOC = ROOT / "docs" / "optimizer-log.md"
 START, END = "<!-- chunked-proofs:start -->", "<!-- chunked-proofs:end -->"
+PLACEMENTS = ("v", "interleaved", "linear")
 
 
 def attempt(problem, schedule, seconds: float, cuts, probe: bool) -> tuple[str, float, float]:
@@ -52,7 +55,9 @@ def attempt(problem, schedule, seconds: float, cuts, probe: bool) -> tuple[str, 
     from optpipe.optimizer.cpsat import build_order_model, make_hint, make_ticks, new_solver
 
     t0 = time.monotonic()
-    ticks = make_ticks(problem, True, False, (1.0,), schedule.placement)
+    place = list(schedule.placement)
+    ticks = make_ticks(problem, True, False, (1.0,),
+                       None if place == list(range(problem.devices)) else place)
     hint = make_hint(schedule, ticks)
     horizon = hint.makespan - 1 if probe else hint.makespan
     builder, _ = build_order_model(problem, ticks, horizon, 0, hint, cuts=cuts)
@@ -100,14 +105,22 @@ def rows(stages: int, microbatches: int, budget: float, placement: str,
 
 
 def main() -> None:
+    from optpipe.optimizer.prefix import MAX_PIECE
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", default="4x16", help="SxM, ... (default 4x16)")
+    ap.add_argument("--sizes", default="v:4x16,linear:4x64",
+                    help="[PLACEMENT:]SxM, ... (default v:4x16,linear:4x64); the "
+                         "placement is v, interleaved, or linear (one stage per device, "
+                         "whose cuts the driver already builds: for comparison), and "
+                         "--placement when not given")
     ap.add_argument("--budget", type=float, default=0.5,
                     help="budget as a multiple of S microbatches' activations (default 0.5)")
-    ap.add_argument("--placement", default="v", choices=("v", "interleaved"))
-    ap.add_argument("--hint-seconds", type=float, default=10.0)
+    ap.add_argument("--placement", default="v", choices=PLACEMENTS)
+    ap.add_argument("--hint-seconds", type=float, default=20.0)
     ap.add_argument("--cuts-seconds", type=float, default=30.0)
-    ap.add_argument("--largest", type=int, default=8, help="largest piece (default 8)")
+    ap.add_argument("--largest", type=int, default=None,
+                    help="largest piece (default 8 on the chunked placements, "
+                         f"{MAX_PIECE} on linear: the driver's)")
     ap.add_argument("--seconds", type=float, default=150.0,
                     help="limit of each proof attempt (default 150)")
     ap.add_argument("--no-write", action="store_true")
@@ -115,10 +128,16 @@ def main() -> None:
     table = ["| size | placement | hint (driver, placement only) | cuts' chain bound | "
              "optimize | optimize + cuts | probe | probe + cuts |",
              "|---|---|---|---|---|---|---|---|"]
-    for size in args.sizes.split(","):
+    for case in args.sizes.split(","):
+        placement, _, size = case.rpartition(":")
+        placement = placement or args.placement
+        if placement not in PLACEMENTS:
+            sys.exit(f"unknown placement {placement!r} in --sizes; choose one of "
+                     f"{', '.join(PLACEMENTS)}")
+        largest = args.largest or (MAX_PIECE if placement == "linear" else 8)
         stages, microbatches = (int(x) for x in size.lower().split("x"))
-        table += rows(stages, microbatches, args.budget, args.placement, args.hint_seconds,
-                      args.cuts_seconds, args.largest, args.seconds)
+        table += rows(stages, microbatches, args.budget, placement, args.hint_seconds,
+                      args.cuts_seconds, largest, args.seconds)
     caption = (f"Measured with `python scripts/bench_chunked_proofs.py --sizes {args.sizes} "
                f"--budget {args.budget:g} --seconds {args.seconds:g}` "
                f"({time.strftime('%Y-%m-%d')}, 2 cores, 2 solver threads; each cell: "

@@ -1059,10 +1059,10 @@ def _cuts_pay(problem: Problem, space: _Space, use_offload: bool) -> bool:
     memory binds (its memory bound is above its no-memory bound) and the problem has
     more microbatches than the pieces: where CP-SAT's proofs stall. Not for the
     chunked placements: at S/2 their pieces up to 8 microbatches are proven in 6-15 s
-    (4 x 16, 8 x 16) and shorten the V shape's proof at 4 x 16 1.7-3x, but that proof
-    still takes 45-90 s, and from 8 stages or 32 microbatches on their chain is below
-    the memory bound, so in the minute they cost time and close nothing
-    (``scripts/bench_chunked_proofs.py``, docs/optimizer-log.md)."""
+    (4 x 16, 8 x 16) and shorten the V shape's proof at 4 x 16 1.6-3.5x, but it still
+    takes 31-49 s once the answer is found, and from 8 stages or 32 microbatches on
+    their chain is below the memory bound, so in the minute they cost time and close
+    nothing (``scripts/bench_chunked_proofs.py``, docs/optimizer-log.md)."""
     return (space.label == "linear" and not use_offload
             and problem.microbatches > MAX_PIECE
             and space.bound > space.free_bound * (1 + 1e-9))
