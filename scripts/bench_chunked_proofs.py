@@ -66,10 +66,12 @@ def attempt(problem, schedule, seconds: float, cuts, probe: bool) -> tuple[str, 
     code = solver.solve(builder.model)
     wall = time.monotonic() - t0
     if code == cp_model.INFEASIBLE:
-        return "proven (infeasible below)", (hint.makespan) / ticks.scale, wall
+        return "proven (infeasible below)", hint.makespan / ticks.scale, wall
+    if probe and code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        # any schedule inside the lowered horizon is shorter than the hint
+        return "shorter schedule found", solver.objective_value / ticks.scale, wall
     if code == cp_model.OPTIMAL:
-        value = solver.objective_value / ticks.scale
-        return ("shorter schedule found" if probe else "proven optimal"), value, wall
+        return "proven optimal", solver.objective_value / ticks.scale, wall
     bound = solver.best_objective_bound / ticks.scale if code == cp_model.FEASIBLE \
         else float("nan")
     return "open at the limit", bound, wall
