@@ -23,7 +23,7 @@ Every time is wall time on this machine; the cuts' own time is in its column, no
 the proofs'. Nothing is asserted; the table goes to docs/optimizer-log.md between
 markers.
 
-    python scripts/bench_chunked_proofs.py          # v:4x16 and linear:4x64 at S/2: about 15 min
+    python scripts/bench_chunked_proofs.py      # v:4x16 and linear:4x64, S/2: about 15 min
     python scripts/bench_chunked_proofs.py --sizes 8x16 --seconds 120 --no-write
 """
 

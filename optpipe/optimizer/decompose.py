@@ -67,8 +67,8 @@ TIME_PATIENCE = 12
 #: --seeds 1,2,3,4,5,6`; docs/optimizer-log.md, "Search revision 19").
 COOLDOWN_STEPS = 4
 #: The opening runs from this many starts (the fastest first), and the drawn windows
-#: go on from the shortest results (:data:`SEARCH_CHAINS`). Why: a start's makespan says little of what the search
-#: makes of it; what matters is whether its idle time is where the opening removes it
+#: go on from the shortest results (:data:`SEARCH_CHAINS`). Why: a start's makespan
+#: says little of what the search makes of it; what matters is whether its idle time is where the opening removes it
 #: (at the end) or scattered through the steady state. At 16 x 64 on the V shape at
 #: budget S, the fastest admission start (205.05 s, 23 gaps of 0.1-0.3 s on the tip's
 #: device between 96 s and 190 s) opens to 204.7 s, the second and fourth (206.1 and
@@ -319,6 +319,16 @@ def window_search(problem: Problem, ticks, hint, *, lower: int, deadline: float,
     return best, stats
 
 
+@dataclass
+class _Chain:
+    """One line of the time-window search: its schedule, window width and steps in a
+    row without a shorter schedule."""
+
+    best: Any
+    width: int
+    idle: int = 0
+
+
 def time_window_search(problem: Problem, ticks: Any, hint: Any, *, lower: int,
                        deadline: float, threads: int, tasks: float | None = None,
                        step_limit: float | None = None,
@@ -355,12 +365,14 @@ def time_window_search(problem: Problem, ticks: Any, hint: Any, *, lower: int,
     stats = WindowStats(window=first)
     stepper = _Stepper(problem, ticks, lower, deadline, threads, step_limit)
     rng = random.Random(seed)
-    opened = []
+    opened: list[_Chain] = []
+    best = None                   # the first shortest opening
     for start in [hint, *others[:OPENING_STARTS - 1]]:
-        if opened and min(c.best.makespan for c in opened) <= lower:
+        if best is not None and best.makespan <= lower:
             break
         opened.append(_Chain(_opening(stepper, start, first, lower, stats), first))
-    best = min((c.best for c in opened), key=lambda h: h.makespan)
+        if best is None or opened[-1].best.makespan < best.makespan:
+            best = opened[-1].best
     if best.makespan < hint.makespan:
         _report(progress, t0, best, ticks, bound)
     # the drawn windows take turns on the shortest openings (see SEARCH_CHAINS)
@@ -396,16 +408,6 @@ def time_window_search(problem: Problem, ticks: Any, hint: Any, *, lower: int,
             _report(progress, t0, timed, ticks, bound)
             best = timed
     return best, stats
-
-
-@dataclass
-class _Chain:
-    """One line of the time-window search: its schedule, window width and steps in a
-    row without a shorter schedule."""
-
-    best: Any
-    width: int
-    idle: int = 0
 
 
 def _opening(stepper: _Stepper, start: Any, first: int, lower: int,
