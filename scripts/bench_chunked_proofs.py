@@ -19,6 +19,12 @@ placement (default the V shape) of the benchmark's problem
    model with its horizon one tick below the hint: infeasible proves the hint optimal
    on the placement), each without and with the cuts.
 
+With ``--in-minute N`` it also emulates, ``N`` times per case, a probe step inside the
+benchmark's minute: the driver for ``--hint-seconds`` (over all placements for a chunked
+case, as the table's cell; on one stage per device alone for ``linear``, as its
+column), the cuts on the answer's placement, then the probe with the cuts for what is
+left of the 60 s.
+
 Every time is wall time on this machine; the cuts' own time is in its column, not in
 the proofs'. Nothing is asserted; the table goes to docs/optimizer-log.md between
 markers.
@@ -43,6 +49,8 @@ from docblock import publish  # noqa: E402
 DOC = ROOT / "docs" / "optimizer-log.md"
 START, END = "<!-- chunked-proofs:start -->", "<!-- chunked-proofs:end -->"
 PLACEMENTS = ("v", "interleaved", "linear")
+#: The benchmark's time limit, for ``--in-minute``.
+MINUTE = 60.0
 
 
 def attempt(problem, schedule, seconds: float, cuts, probe: bool) -> tuple[str, float, float]:
@@ -68,8 +76,10 @@ def attempt(problem, schedule, seconds: float, cuts, probe: bool) -> tuple[str, 
     if code == cp_model.INFEASIBLE:
         return "proven (infeasible below)", hint.makespan / ticks.scale, wall
     if probe and code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        # any schedule inside the lowered horizon is shorter than the hint
-        return "shorter schedule found", solver.objective_value / ticks.scale, wall
+        # any schedule inside the lowered horizon is shorter than the hint, and the
+        # optimum inside it is the placement's (every shorter schedule is inside)
+        return ("shorter schedule found, proven optimal" if code == cp_model.OPTIMAL
+                else "shorter schedule found"), solver.objective_value / ticks.scale, wall
     if code == cp_model.OPTIMAL:
         return "proven optimal", solver.objective_value / ticks.scale, wall
     bound = solver.best_objective_bound / ticks.scale if code == cp_model.FEASIBLE \
@@ -106,6 +116,30 @@ def rows(stages: int, microbatches: int, budget: float, placement: str,
             f"wholes, {cut_time:.1f} s) | " + " | ".join(cells) + " |"]
 
 
+def in_minute(stages: int, microbatches: int, budget: float, placement: str,
+              hint_seconds: float, largest: int, runs: int) -> list[str]:
+    """``runs`` emulations of a probe step within the minute (see the module doc)."""
+    from optpipe.optimizer.driver import solve
+    from optpipe.optimizer.prefix import prefix_cuts, truncated_hints
+
+    problem = bench_problem(stages, microbatches, stages * budget, False)
+    out = []
+    for run in range(1, runs + 1):
+        t0 = time.monotonic()
+        found = solve(problem, solver="cpsat", offload=False, time_limit=hint_seconds,
+                      placements=["linear"] if placement == "linear" else None,
+                      cache=False, progress=False).schedule
+        cuts = prefix_cuts(problem, found.placement, True, time_limit=15,
+                           hints=truncated_hints([found]), largest=largest)
+        left = MINUTE - (time.monotonic() - t0)
+        outcome, _, wall = attempt(problem, found, max(0.1, left), cuts, True)
+        out.append(f"| {stages} x {microbatches} | {placement} | {run} | "
+                   f"{found.provenance['objective']:.2f} s | {left:.1f} s | {outcome} | "
+                   f"{time.monotonic() - t0:.1f} s |")
+        print(out[-1], flush=True)
+    return out
+
+
 def main() -> None:
     from optpipe.optimizer.prefix import MAX_PIECE
 
@@ -125,23 +159,42 @@ def main() -> None:
                          f"{MAX_PIECE} on linear: the driver's)")
     ap.add_argument("--seconds", type=float, default=150.0,
                     help="limit of each proof attempt (default 150)")
+    ap.add_argument("--in-minute", type=int, default=0, metavar="N",
+                    help="also emulate a probe step in the minute N times per case")
+    ap.add_argument("--no-proofs", action="store_true",
+                    help="skip the four proof attempts (with --in-minute)")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
-    table = ["| size | placement | hint (driver, placement only) | cuts' chain bound | "
-             "optimize | optimize + cuts | probe | probe + cuts |",
-             "|---|---|---|---|---|---|---|---|"]
+    cases = []
     for case in args.sizes.split(","):
         placement, _, size = case.rpartition(":")
         placement = placement or args.placement
         if placement not in PLACEMENTS:
             sys.exit(f"unknown placement {placement!r} in --sizes; choose one of "
                      f"{', '.join(PLACEMENTS)}")
-        largest = args.largest or (MAX_PIECE if placement == "linear" else 8)
         stages, microbatches = (int(x) for x in size.lower().split("x"))
-        table += rows(stages, microbatches, args.budget, placement, args.hint_seconds,
-                      args.cuts_seconds, largest, args.seconds)
+        cases.append((stages, microbatches, placement,
+                      args.largest or (MAX_PIECE if placement == "linear" else 8)))
+    table: list[str] = []
+    if not args.no_proofs:
+        table += ["| size | placement | hint (driver, placement only) | cuts' chain bound | "
+                  "optimize | optimize + cuts | probe | probe + cuts |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for stages, microbatches, placement, largest in cases:
+            table += rows(stages, microbatches, args.budget, placement, args.hint_seconds,
+                          args.cuts_seconds, largest, args.seconds)
+    if args.in_minute:
+        table += (["", ""] if table else []) + ["A probe step in the minute:", "",
+                  "| size | placement | run | answer after the driver | left for the probe "
+                  "| probe + cuts | total |", "|---|---|---|---|---|---|---|"]
+        for stages, microbatches, placement, largest in cases:
+            table += in_minute(stages, microbatches, args.budget, placement,
+                               args.hint_seconds, largest, args.in_minute)
     caption = (f"Measured with `python scripts/bench_chunked_proofs.py --sizes {args.sizes} "
-               f"--budget {args.budget:g} --seconds {args.seconds:g}` "
+               f"--budget {args.budget:g} --seconds {args.seconds:g}"
+               + (f" --hint-seconds {args.hint_seconds:g} --in-minute {args.in_minute}"
+                  if args.in_minute else "") + (" --no-proofs" if args.no_proofs else "")
+               + "` "
                f"({time.strftime('%Y-%m-%d')}, 2 cores, 2 solver threads; each cell: "
                "outcome, the answer or bound, wall time).")
     publish(caption + "\n\n" + "\n".join(table), DOC, START, END, write=not args.no_write)

@@ -53,16 +53,17 @@ def _devices(text: str) -> list[int]:
     return out
 
 
-def setup(stages: int, microbatches: int, shape: str):
-    """The problem, its ticks on the placement, the best fitting start as a hint (the
-    driver's: fixed and list schedules), and the placement's memory bound in ticks.
-    Shared with ``bench_step_build.py``."""
+def setup(stages: int, microbatches: int, shape: str, budget: float = 1.0):
+    """The problem (``budget`` times S microbatches' activations), its ticks on the
+    placement, the best fitting start as a hint (the driver's: fixed and list
+    schedules), and the placement's memory bound in ticks. Shared with
+    ``bench_step_build.py``."""
     from optpipe.optimizer.cpsat import _pick_hint, make_ticks
     from optpipe.optimizer.driver import _add_list_schedules, _hint_pool
     from optpipe.optimizer.preprocess import fixed_schedules, lower_bound, memory_bounds
     from optpipe.schedule import searched_placements
 
-    problem = bench_problem(stages, microbatches, stages, False)
+    problem = bench_problem(stages, microbatches, stages * budget, False)
     place = searched_placements(stages)[shape]
     ticks = make_ticks(problem, True, False, (), place)
     fixed = fixed_schedules(problem)
@@ -120,7 +121,10 @@ def main() -> int:
     ap.add_argument("--size", default="16x32", help="SxM (default 16x32)")
     ap.add_argument("--placement", default="v", choices=("v", "interleaved"))
     ap.add_argument("--keep", default=KEEP, help="devices:seconds groups, '/'-separated")
-    ap.add_argument("--windows", default=WINDOWS, help="end:seconds pairs, '/'-separated")
+    ap.add_argument("--windows", default=WINDOWS,
+                    help="end:seconds pairs, '/'-separated ('' skips the search and windows)")
+    ap.add_argument("--budget", type=float, default=1.0,
+                    help="budget as a multiple of S microbatches' activations (default 1)")
     ap.add_argument("--search", type=float, default=60.0,
                     help="seconds of the search whose schedule the windows start from")
     ap.add_argument("--no-write", action="store_true")
@@ -128,8 +132,10 @@ def main() -> int:
     from optpipe.optimizer.cpsat import make_hint, solve_cpsat
 
     stages, microbatches = (int(x) for x in args.size.split("x"))
-    problem, place, ticks, pool, hint, lower = setup(stages, microbatches, args.placement)
-    where = f"{stages} x {microbatches}, {args.placement}, budget S"
+    problem, place, ticks, pool, hint, lower = setup(stages, microbatches, args.placement,
+                                                     args.budget)
+    label = "S" if args.budget == 1 else "S/2" if args.budget == 0.5 else f"{args.budget:g} S"
+    where = f"{stages} x {microbatches}, {args.placement}, budget {label}"
     lines = [f"**Relaxations** ({where}; the placement's memory bound {lower / ticks.scale:g} s, "
              f"the start {hint.makespan / ticks.scale:g} s):", "",
              "| devices with capacity | status | best found | bound | time |",
@@ -141,6 +147,11 @@ def main() -> int:
                f"{took:.1f} s of {seconds:g} |")
         print(row, flush=True)
         lines.append(row)
+    if not args.windows:
+        publish("Measured with `python scripts/bench_relaxation.py` on 2 CPU cores, 2 "
+                "solver threads, one run each.\n\n" + "\n".join(lines), DOC, START, END,
+                write=not args.no_write)
+        return 0
     searched = solve_cpsat(problem, warm_start=pool, time_limit=args.search,
                            placement=place, threads=2)
     start = make_hint(searched.schedule, ticks)
