@@ -193,7 +193,9 @@ class Schedule:
             return f"duplicated (already at device {seen[action.key]})"
         need = self._NEEDS_BEFORE.get(action.op)
         if need is not None and (need[0], s, m) not in position:
-            return f"comes before {need[1]}"
+            if any(a.key == (need[0], s, m) for a in acts):
+                return f"comes before {need[1]}"
+            return f"{need[1]} is missing on device {device}"
         if action.op in (Op.B, Op.BW) and (Op.OFFLOAD, s, m) in position \
                 and (Op.RELOAD, s, m) not in position:
             return "its activations were offloaded and not reloaded before it"

@@ -66,6 +66,26 @@ def test_solve_infeasible_is_one_line(tmp_path, problem_file, capsys) -> None:
     assert err.startswith("optpipe: error: no schedule fits") and "\n" not in err
 
 
+@pytest.mark.parametrize("text, value", [("0.02", 0.02), ("2%", 0.02), ("0", 0.0),
+                                         ("0.5 %", 0.005)])
+def test_the_gap_is_a_fraction_or_a_percentage(text, value) -> None:
+    from optpipe.optimizer.cli import _gap
+    assert _gap(text) == pytest.approx(value)
+
+
+@pytest.mark.parametrize("text, message", [("2", "for 2 percent write 2%"),
+                                           ("-1", "must not be negative"),
+                                           ("abc", "write 0.01 or 1%")])
+def test_a_bad_gap_is_refused_with_what_to_write(tmp_path, problem_file, capsys,
+                                                 text, message) -> None:
+    path, _ = problem_file
+    with pytest.raises(SystemExit) as exit_:
+        main(["solve", "--problem", str(path), f"--gap={text}", "--no-gantt",
+              "-o", str(tmp_path / "s.json")])
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
+
+
 def test_solve_placements(tmp_path, problem_file, capsys) -> None:
     """``--placements linear``: a one-stage-per-device answer, and the fixed schedules on
     other placements marked as not allowed; a misspelt placement is one line."""

@@ -53,8 +53,9 @@ def register(subparsers: Any) -> None:
     g.add_argument("--time-limit", type=float, default=60.0, metavar="SECONDS",
                    help="wall-clock limit for the whole command, start-up and chart "
                         "included (default 60)")
-    g.add_argument("--gap", type=float, default=0.0,
-                   help="stop when within this relative gap of the bound (default 0)")
+    g.add_argument("--gap", type=_gap, default=0.0,
+                   help="stop when within this relative gap of the bound, as a fraction "
+                        "or a percentage: 0.01 or 1%% (default 0: prove optimality)")
     g.add_argument("--threads", type=int, default=2, help="solver threads (default 2)")
     g.add_argument("--no-cache", action="store_true",
                    help="solve even when a cached schedule for this problem exists")
@@ -92,6 +93,23 @@ def _since_start() -> float:
         return 0.0
 
 
+def _gap(text: str) -> float:
+    """``--gap``: ``0.01`` or ``1%``; a fraction, so ``--gap 2`` (meant as 2%?) is refused
+    rather than read as 200%, which would stop at the first schedule."""
+    value = text.strip()
+    try:
+        gap = float(value[:-1]) / 100 if value.endswith("%") else float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a gap; write 0.01 or 1%") from None
+    if gap < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a gap must not be negative")
+    if gap >= 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a fraction in [0, 1); for "
+                                         f"{value.rstrip('%')} percent write "
+                                         f"{value.rstrip('%')}%")
+    return gap
+
+
 def _levels(text: str) -> tuple[float, ...]:
     try:
         values = tuple(float(x) for x in text.split(",") if x.strip())
@@ -111,8 +129,6 @@ def run(args: argparse.Namespace) -> int:
 
     if args.threads < 1:
         raise OptPipeError(f"--threads must be at least 1, got {args.threads}")
-    if args.gap < 0:
-        raise OptPipeError(f"--gap must not be negative, got {args.gap}")
     problem = problem_from_args(args)
     # --time-limit bounds the whole command: start-up so far and writing the outputs
     # (chart included) come out of it

@@ -183,6 +183,9 @@ def solve(problem: Problem, *, solver: str = "auto", offload: bool | None = None
                            "chooses the order of work itself")
     if time_limit <= 0:
         raise OptPipeError(f"the time limit must be positive, got {time_limit}")
+    if not 0 <= gap < 1:
+        raise OptPipeError(f"the gap is a fraction of the makespan in [0, 1) (0.01 for one "
+                           f"percent), got {gap}")
     _check_budget(problem)
     levels = tuple(sorted(set(float(x) for x in offload_levels)))
     if not levels or any(not 0 < x <= 1 for x in levels):
