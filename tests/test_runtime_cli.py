@@ -53,3 +53,21 @@ def test_user_errors_are_one_line(capsys):
     assert "unknown model 'no-such-model'" in capsys.readouterr().err
     assert main(["run", "--stages", "2", "--partition", "a,b", "--p2p", "0ms"]) == 2
     assert "--partition 'a,b'" in capsys.readouterr().err
+
+
+def test_run_takes_the_pipeline_from_a_schedule_file(tmp_path, capsys):
+    """No --stages or --microbatches: the schedule file's devices and microbatches (a
+    solved file has 32 microbatches; the plain default of 8 would refuse it)."""
+    from optpipe.generators import generate
+    from optpipe.problem import uniform_problem
+
+    path = tmp_path / "s.json"
+    generate("zb-h1", uniform_problem(2, 5)).save(path)
+    assert main(["run", "--layers", "2", "--schedule", str(path), "--steps", "1",
+                 "--p2p", "0ms", "--single-process", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert (data["problem"]["devices"], data["problem"]["microbatches"]) == (2, 5)
+    # given options still win, and a mismatch is still one clear line
+    assert main(["run", "--layers", "2", "--schedule", str(path), "--microbatches", "4",
+                 "--steps", "1", "--p2p", "0ms", "--single-process"]) == 2
+    assert "is for 5 microbatches but the problem has 4" in capsys.readouterr().err

@@ -54,7 +54,7 @@ def register(subparsers: Any) -> None:
         description="Train the reference GPT with a schedule on one process per device and "
                     "compare the measured step time and peak memory with the simulator's "
                     "prediction on the profiled problem.")
-    _model_args(p)
+    _model_args(p, from_files=True)
     add_schedule_args(p)
     p.add_argument("--problem", metavar="FILE",
                    help="a profiled problem file to predict with (default: profile now)")
@@ -69,15 +69,24 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=_run)
 
 
-def _model_args(p: argparse.ArgumentParser) -> None:
+#: ``--stages`` and ``--microbatches`` when neither they nor a file give them.
+DEFAULT_STAGES, DEFAULT_MICROBATCHES = 4, 8
+
+
+def _model_args(p: argparse.ArgumentParser, from_files: bool = False) -> None:
+    """The model and pipeline options; ``from_files`` (``run``): ``--stages`` and
+    ``--microbatches`` default to a schedule or problem file's (see :func:`_fill_pipeline`)."""
     group = p.add_argument_group("model and pipeline")
     group.add_argument("--model", default="tiny-gpt",
                        help="model preset name or .toml path (default tiny-gpt)")
     group.add_argument("--layers", type=int, help="override the preset's layer count")
-    group.add_argument("--stages", type=int, default=4,
-                       help="pipeline stages = devices = processes (default 4)")
-    group.add_argument("--microbatches", type=int, default=8,
-                       help="microbatches per step (default 8)")
+    files = ", or the schedule (else problem) file's" if from_files else ""
+    group.add_argument("--stages", type=int, default=None if from_files else DEFAULT_STAGES,
+                       help=f"pipeline stages = devices = processes (default "
+                            f"{DEFAULT_STAGES}{files})")
+    group.add_argument("--microbatches", type=int,
+                       default=None if from_files else DEFAULT_MICROBATCHES,
+                       help=f"microbatches per step (default {DEFAULT_MICROBATCHES}{files})")
     group.add_argument("--micro-batch-size", type=int, default=1,
                        help="sequences per microbatch (default 1)")
     group.add_argument("--seq-len", type=int, help="sequence length (default: the preset's)")
@@ -273,11 +282,47 @@ def _ms(values: Any) -> str:
     return "/".join(f"{v * 1e3:.2f}" for v in values) + " ms"
 
 
+def _fill_pipeline(args: argparse.Namespace) -> None:
+    """``--stages`` and ``--microbatches`` not given: the schedule file's (devices and
+    microbatches), else the problem file's, else 4 and 8.
+
+    Why: a schedule file fixes both, so ``optpipe run --schedule optpipe-schedule.json``
+    (32 microbatches from ``optpipe solve``) should run it as it is, not fail against
+    a default of 8 microbatches the user never asked for.
+    """
+    from optpipe.cli_common import schedule_source
+    from optpipe.generators import GENERATORS
+    from optpipe.problem import load_problem
+
+    if args.stages is not None and args.microbatches is not None:
+        return
+    source = schedule_source(args)
+    if source is not None and source not in GENERATORS:
+        from optpipe.schedule import load_schedule
+        try:
+            schedule = load_schedule(source)
+        except OptPipeError:
+            schedule = None          # reported with the usual message when it is used
+        if schedule is not None:
+            args.stages = args.stages if args.stages is not None else schedule.devices
+            args.microbatches = (args.microbatches if args.microbatches is not None
+                                 else schedule.microbatches)
+    if args.problem and (args.stages is None or args.microbatches is None):
+        problem = load_problem(args.problem)
+        args.stages = args.stages if args.stages is not None else problem.devices
+        args.microbatches = (args.microbatches if args.microbatches is not None
+                             else problem.microbatches)
+    args.stages = args.stages if args.stages is not None else DEFAULT_STAGES
+    args.microbatches = (args.microbatches if args.microbatches is not None
+                         else DEFAULT_MICROBATCHES)
+
+
 def _run(args: argparse.Namespace) -> int:
     from optpipe.cli_common import schedule_from_args, schedule_source
     from optpipe.problem import load_problem
     from optpipe.runtime.measure import RunSpec, compare, is_chunked, measure_schedule
 
+    _fill_pipeline(args)
     _positive(args, "stages", "microbatches", "micro_batch_size", "steps", "layers", "seq_len")
     if args.warmup < 0:
         raise OptPipeError(f"--warmup must not be negative, got {args.warmup}")
