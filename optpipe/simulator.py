@@ -18,6 +18,9 @@ Execution rules (the optimizers model exactly these):
   *issued* when the compute action listed before it on the device ends (time 0 if none)
   and starts at the latest of: its issue, its channel being free, and its input
   (``F(s, m)`` for OFFLOAD, ``OFFLOAD(s, m)`` for RELOAD). It lasts bytes / bandwidth.
+* An OFFLOAD marked ``wait`` **holds its device back**: every action listed after it on
+  the device is issued no earlier than its end (a compute action starts no earlier, a
+  transfer is issued no earlier), so the bytes it frees are free for what follows.
 * Memory follows :mod:`optpipe.memory.accounting`.
 
 Definitions (stated once, here and in the README):
@@ -186,6 +189,7 @@ def simulate(problem: Problem, schedule: Schedule, check_budget: bool = False) -
     pointer = [0] * D
     stream_free = [0.0] * D
     last_compute_end = [0.0] * D
+    held_until = [0.0] * D                  # the end of the last OFFLOAD marked wait
     channel_free = {(d, lane): 0.0 for d in range(D) for lane in (D2H, H2D)}
     records: list[ActionRecord] = []
     remaining = sum(len(acts) for acts in schedule.actions)
@@ -210,7 +214,7 @@ def simulate(problem: Problem, schedule: Schedule, check_budget: bool = False) -
                     break
                 length = duration(prob, action)
                 if action.op.is_compute:
-                    issue = stream_free[d]
+                    issue = max(stream_free[d], held_until[d])
                     start = max(issue, ready)
                     finish = start + length
                     stream_free[d] = finish
@@ -218,10 +222,12 @@ def simulate(problem: Problem, schedule: Schedule, check_budget: bool = False) -
                     lane = COMPUTE
                 else:
                     lane = D2H if action.op is Op.OFFLOAD else H2D
-                    issue = last_compute_end[d]
+                    issue = max(last_compute_end[d], held_until[d])
                     start = max(issue, ready, channel_free[(d, lane)])
                     finish = start + length
                     channel_free[(d, lane)] = finish
+                    if action.wait:
+                        held_until[d] = finish
                 end[action.key] = finish
                 records.append(ActionRecord(d, action, start, finish, issue, lane))
                 pointer[d] += 1

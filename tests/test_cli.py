@@ -83,7 +83,7 @@ def test_corrupt_schedule_file_is_named(problem_file, tmp_path, capsys):
     capsys.readouterr()
     assert main(["simulate", "--problem", str(problem_file), "--schedule", str(good)]) == 2
     err = capsys.readouterr().err
-    assert "BW(stage 1, mb 3)" in err and "before its F" in err
+    assert "BW(stage 1, mb 3)" in err and "its F is missing on device 1" in err
 
 
 def test_schedule_for_another_pipeline_is_rejected(problem_file, tmp_path, capsys):

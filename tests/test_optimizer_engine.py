@@ -55,9 +55,13 @@ def check(problem: Problem, offload: bool, time_limit: float = 3.0) -> None:
     assert sim.makespan == pytest.approx(result.objective, rel=1e-6)
     assert result.bound <= result.objective * (1 + 1e-9)
     assert result.bound >= lower_bound(task_graph(problem)) * (1 - 1e-9) - 1e-9
+    # the engines' times are the simulator's without waits: a held-back schedule
+    # (pipeoffload's step 6) is no hint for them and may well be faster (the driver
+    # compares it), so the engine is held to the others
     fixed = [c for c in fixed_schedules(problem).candidates if c.fits
              and c.schedule.placement == list(range(problem.devices))
-             and (offload or not c.schedule.offloads)]
+             and (offload or not c.schedule.offloads)
+             and not any(a.wait for _, a in c.schedule)]
     assert sim.makespan <= min(c.makespan for c in fixed) * (1 + 1e-9)
     if not offload:
         assert not result.schedule.offloads

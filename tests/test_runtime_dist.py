@@ -33,7 +33,7 @@ def test_every_schedule_on_real_processes(world):
             by_case.setdefault((r["model"], r["schedule"]), []).append(r)
     names = {schedule for _, schedule in by_case}
     assert {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "zb-auto",
-            "pipeoffload", "1f1b+offload", "zb-h1+offloadx0.5",
+            "pipeoffload", "1f1b+offload", "zb-h1+offloadx0.5", "1f1b+offload-wait",
             "offloaded-list-interleaved(tight)", "offloaded-list-v(tight)"} <= names
     for case, reports in by_case.items():
         assert len(reports) == world

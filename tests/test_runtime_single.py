@@ -47,7 +47,7 @@ def test_every_schedule_matches_plain_backward(devices):
     _check(reports)
     names = {r["schedule"] for r in reports}
     assert {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "zb-auto",
-            "pipeoffload", "1f1b+offload", "zb-h1+offloadx0.5"} <= names
+            "pipeoffload", "1f1b+offload", "zb-h1+offloadx0.5", "1f1b+offload-wait"} <= names
     if devices == 4:  # with 2 devices PipeOffload's 1F1B fits without offloading
         assert "pipeoffload(tight)" in names
     assert any(r["offloads"] for r in reports)
@@ -79,6 +79,30 @@ def test_offload_empties_device_and_keeps_results():
     for d in range(3):
         assert record.peak_activation[d] < peak_plain[d]
     assert runner.offloader.pool.in_use == 0 and runner.offloader.pool.allocated > 0
+
+
+def test_an_offload_marked_wait_holds_the_device_back():
+    """Every action after a waited OFFLOAD starts once its copy has ended, and each
+    non-last stage then keeps at most one microbatch on device (1F1B keeps S - s)."""
+    model, loss_fn, x, y = build_case("gpt", 4, batch=8)
+    base = generate("1f1b", uniform_problem(4, 4))
+    plain = OptPipeRunner(model, base, loss_fn)
+    loss_plain = plain.step(x, y, record=True)
+    runner = OptPipeRunner(model, with_offload(base, wait=True), loss_fn)
+    assert runner.step(x, y, record=True) == loss_plain
+    record = runner.last_record
+    f_bytes = [record.find("F", s, 0).delta for s in range(4)]
+    for d, acts in enumerate(runner.schedule.actions):
+        for i, a in enumerate(acts):
+            if a.wait:
+                copy_ = record.find("OFFLOAD", a.stage, a.microbatch)
+                following = acts[i + 1]
+                after = record.find(following.op.value, following.stage,
+                                    following.microbatch)
+                assert after.start >= copy_.end, (d, str(a))
+    for d in range(3):
+        assert record.peak_activation[d] <= f_bytes[d]
+    assert record.peak_activation[3] == plain.last_record.peak_activation[3]
 
 
 def test_w_reuses_the_graph_and_never_recomputes_forward():

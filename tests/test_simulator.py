@@ -8,6 +8,7 @@ makespan, bubble rate and device span) gets a schedule small enough to check by 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -133,6 +134,39 @@ def test_offloaded_bytes_are_away_from_offload_end_to_reload_issue():
     kept = simulate(problem, schedule([0], 2, [[("F", 0, 0), ("F", 0, 1), ("BW", 0, 1),
                                                 ("BW", 0, 0)]]))
     assert kept.memory_timeline[0] == [(0.0, 1050), (1.0, 2050), (7.0, 1050), (12.0, 50)]
+
+
+def test_an_offload_marked_wait_holds_its_device_back():
+    """F0 [0,1]; OFFLOAD(wait) [1,2]: F1 starts at 2, not 1, and the RELOAD listed after
+    F1 is issued at F1's end; the level never holds two activations at once."""
+    problem = one_stage(microbatches=2)        # offload 1 s, reload 2 s
+    orders = [("F", 0, 0), ("OFFLOAD", 0, 0), ("F", 0, 1), ("OFFLOAD", 0, 1),
+              ("RELOAD", 0, 0), ("B", 0, 0), ("W", 0, 0), ("RELOAD", 0, 1), ("B", 0, 1),
+              ("W", 0, 1)]
+    plain = schedule([0], 2, [orders])
+    held = schedule([0], 2, [orders])
+    held.actions[0] = [replace(a, wait=True) if a.op is Op.OFFLOAD else a
+                       for a in held.actions[0]]
+    free_run, waited = simulate(problem, plain), simulate(problem, held)
+    assert free_run.record("F", 0, 1).start == 1.0
+    assert max(free_run.peak_memory) == 2050
+    assert waited.record("F", 0, 1).start == 2.0            # after OFFLOAD(0, 0) ended
+    offload_1 = waited.record("OFFLOAD", 0, 1)
+    assert (offload_1.start, offload_1.end) == (3.0, 4.0)
+    reload_0 = waited.record("RELOAD", 0, 0)
+    assert (reload_0.issue, reload_0.start, reload_0.end) == (4.0, 4.0, 6.0)   # held too
+    assert waited.peak_memory == [1050]
+    # the flag survives a file round trip and only an OFFLOAD may carry it
+    again = schedule_from_dict(json.loads(json.dumps(held.to_dict())))
+    assert [a.wait for a in again.actions[0]] == [a.wait for a in held.actions[0]]
+    assert simulate(problem, again).makespan == waited.makespan
+    bad = held.to_dict()
+    bad["actions"][0][0] = ["F", 0, 0, 1.0, "wait"]
+    with pytest.raises(InvalidScheduleError, match="only an OFFLOAD can hold"):
+        schedule_from_dict(bad)
+    bad["actions"][0][0] = ["F", 0, 0, 1.0, "later"]
+    with pytest.raises(InvalidScheduleError, match="is not"):
+        schedule_from_dict(bad)
 
 
 # ------------------------------------------------------------- definitions

@@ -55,13 +55,16 @@ _PACKAGE = Path(__file__).resolve().parent.parent
 #: ZB-V's greedy keeping microbatch 0's path clear as starts too, and the time windows
 #: opening from several starts, :data:`~.decompose.OPENING_STARTS`; 21: the drawn
 #: time windows taking turns on the two shortest openings,
-#: :data:`~.decompose.SEARCH_CHAINS`). A cached schedule from an older search that
+#: :data:`~.decompose.SEARCH_CHAINS`; 22: pipeoffload and the offloaded starts hold
+#: back the devices their rounds leave over budget, OFFLOADs the device waits for, so a
+#: device whose room holds about one activation keeps several microbatches in flight,
+#: and with offload one stage per device keeps its no-memory bound). A cached schedule from an older search that
 #: was not proven optimal is solved again: the same problem and time limit may now
 #: give a faster one. Not bumped for the warm-up memory
 #: bound (2026-12-01): it proves more but searches the same way (the window search
 #: still keys on the round trip), so a cached answer would come back no faster; its
 #: stored bound is true, only weaker.
-SEARCH_REVISION = 21
+SEARCH_REVISION = 22
 
 
 def cache_dir() -> Path:

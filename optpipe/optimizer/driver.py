@@ -1051,9 +1051,11 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
                               split_backward, levels,
                               progress.run("linear+offload") if progress else None, None)
             run.extra["space"] = "linear+offload"
+            # its bound covers schedules whose OFFLOADs do not hold the device back
+            # (the model's times are the simulator's without waits); a held-back one
+            # (pipeoffload's step 6) may be faster, so the placement keeps lb_linear
+            run.extra["bound_scope"] = "no waits"
             runs.append(run)
-            if run.bound is not None and run.status != ERROR:
-                linear.bound = max(lb_linear, run.bound)
     return min(sp.bound for sp in spaces)
 
 
@@ -1089,9 +1091,11 @@ def _offload_bound(space: _Space, linear: float) -> float:
 
     The order models' proofs do not cover offload, which fixed schedules may use on any
     placement (pipeoffload builds on ZB-V too): the chunked placements keep their
-    no-memory bounds, and one stage per device keeps ``linear`` (its memory bound, or
-    the offload model's, which covers offload). Shared by the search's end and the live
-    line, so both state one rule.
+    no-memory bounds, and one stage per device keeps ``linear`` (its no-memory bound,
+    or the value its order model proved optimal at that bound). Not the offload
+    model's bound: that model's times are the simulator's without waits, and an
+    OFFLOAD that holds its device back (``wait``) can beat its optimum. Shared by the
+    search's end and the live line, so both state one rule.
     """
     return linear if space.label == "linear" else space.free_bound
 

@@ -132,4 +132,6 @@ def _fitted(problem: Problem, plan: Schedule, factor: float, planner: str,
     return replace(fitted, name=name, provenance={
         "source": "optimizer", "name": name, "planned_by": planner,
         "planned_for": f"{factor:g} x the room above static memory", "factor": factor,
-        "offloaded": fitted.provenance["offloaded"]}), result.makespan
+        "offloaded": fitted.provenance["offloaded"],
+        **({"held_back": fitted.provenance["held_back"]}
+           if "held_back" in fitted.provenance else {})}), result.makespan

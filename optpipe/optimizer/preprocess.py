@@ -1029,8 +1029,12 @@ def canonical_form(schedule: Schedule, problem: Problem, split_backward: bool = 
     same times unless ``backward_fused`` is shorter than B + W — then the hint is slower
     than its source, and the driver's bound covers fused schedules by a relaxation);
     every OFFLOAD listed right after its F (issuing it later never helps); reloads in
-    microbatch order; fractions among ``offload_levels`` when given.
+    microbatch order; fractions among ``offload_levels`` when given; no OFFLOAD that
+    holds its device back (``wait``: the engines' times are the simulator's without
+    waits, so such a schedule is no hint for them; the driver still compares it).
     """
+    if any(a.wait for _, a in schedule):
+        return None
     want = list(placement) if placement is not None else linear_placement(problem.devices)
     if list(schedule.placement) != want:
         return None

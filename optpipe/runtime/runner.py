@@ -545,6 +545,9 @@ class OptPipeRunner:
             moved = self.offloader.offload(store, action.fraction)
             if slots is not None:
                 slots.after_offload(device, s, m)
+            if action.wait:              # hold the device back until the copy has ended
+                for changed in self.offloader.settle(store):
+                    self.ledgers[changed.device].charge(changed, self._mark())
             end = self._mark()
             start, end = self._side_marks(start, end)
             delta = ledger.charge(store, end)

@@ -24,11 +24,12 @@ from optpipe.schedule import Action, Op, Schedule
 MODELS = ("gpt", "mlp")
 
 
-def with_offload(schedule: Schedule, fraction: float = 1.0) -> Schedule:
+def with_offload(schedule: Schedule, fraction: float = 1.0, wait: bool = False) -> Schedule:
     """``schedule`` with every non-last stage's activations offloaded after F.
 
     OFFLOAD follows each F at once and RELOAD comes right before the backward that
-    needs it: the most memory a schedule can move, a hard case for ordering.
+    needs it: the most memory a schedule can move, a hard case for ordering. ``wait``:
+    each OFFLOAD holds its device back until the copy has ended.
     """
     last = schedule.stages - 1
     actions = []
@@ -39,9 +40,9 @@ def with_offload(schedule: Schedule, fraction: float = 1.0) -> Schedule:
                 out.append(Action(Op.RELOAD, a.stage, a.microbatch, fraction))
             out.append(a)
             if a.op is Op.F and a.stage != last:
-                out.append(Action(Op.OFFLOAD, a.stage, a.microbatch, fraction))
+                out.append(Action(Op.OFFLOAD, a.stage, a.microbatch, fraction, wait=wait))
         actions.append(out)
-    tag = "" if fraction == 1.0 else f"x{fraction:g}"
+    tag = ("" if fraction == 1.0 else f"x{fraction:g}") + ("-wait" if wait else "")
     return Schedule(f"{schedule.name}+offload{tag}", schedule.stages, schedule.devices,
                     schedule.microbatches, list(schedule.placement), actions,
                     {**schedule.provenance, "offload": fraction}).validate()
@@ -65,6 +66,7 @@ def verification_schedules(devices: int, microbatches: int,
             schedules.append(offloading)
         schedules.append(with_offload(generate("1f1b", problem)))
         schedules.append(with_offload(generate("zb-h1", problem), 0.5))
+        schedules.append(with_offload(generate("1f1b", problem), wait=True))
         schedules += _offloaded_list_schedules(tight)
     return schedules
 
