@@ -24,13 +24,16 @@ How the microbatches are chosen (by simulating, never by formula):
    move that many steps earlier (down to 1F1B's order); with ZB-V, the W held longest
    at the first moment over budget moves to right after its B;
 5. re-simulate and repeat a few rounds;
-6. if it still does not fit, **hold back** every device still over budget: offload each
-   of its activations right after the F with ``wait`` (the device issues nothing more
-   until the copy has ended) and reload it right before its backward. Such a device
-   holds one activation at a time, so this fits wherever one activation (and what the
-   base's W's keep) fits, at the price of the transfers on its critical path: the only
-   way to keep several microbatches in flight on a device whose room holds about one
-   (a 70B model on 16 H100s: 15.2 s against 67.1 s without offload).
+6. if it still does not fit, **hold back** the devices still over budget, round by
+   round (:func:`_hold_back`): first the OFFLOADs already chosen get ``wait`` (the
+   device issues nothing more until the copy has ended); then, at each moment over
+   budget, the microbatches kept then are offloaded right after their F with ``wait``
+   and reloaded right before their backward; if that does not settle, every
+   microbatch of such a device is. A device held back entirely holds one activation at
+   a time, so this fits wherever one activation (and what the base's W's keep) fits,
+   at the price of the transfers on its critical path: the only way to keep several
+   microbatches in flight on a device whose room holds about one (a 70B model on 16
+   H100s: 14.0 s against 67.1 s without offload).
    Among all bases, the shortest schedule that fits wins; if none fits, the one that
    overshoots least, with ``provenance["fits"] = False``.
 
@@ -56,9 +59,8 @@ from optpipe.simulator import ActionRecord, SimResult, simulate
 #: Rounds of offloading per base. ZB-V may need one round per W it runs sooner.
 ROUNDS = 30
 
-#: Rounds of holding devices back (step 6): a device held back can push another over
-#: budget only by changing when work reaches it, so a few rounds settle it.
-HOLD_BACK_ROUNDS = 3
+#: Rounds of holding devices back (step 6, :func:`_hold_back`): each simulates once.
+HOLD_BACK_ROUNDS = 12
 
 Key = tuple[int, int]              # (stage, microbatch)
 Slot = tuple[str, int, int]        # a compute action (op, stage, microbatch)
@@ -227,30 +229,65 @@ def _run_w_sooner(plan: _Plan, result: SimResult, rec: dict[Slot, ActionRecord],
     return True
 
 
-def _hold_back(problem: Problem, plan: _Plan, result: SimResult) -> bool:
-    """Step 6 of the module docstring: on every device still over budget, offload each
-    activation right after its F with a wait, and reload it right before its backward.
+def _hold_back(problem: Problem, plan: _Plan, result: SimResult,
+               everything: bool = False) -> bool:
+    """One round of step 6 of the module docstring on the devices still over budget.
+
+    In turn, the first that changes something: (1) the OFFLOADs the rounds chose become
+    waited for; (2) at each moment a device is over budget, the microbatches kept then
+    are held back, longest kept first, until the moment is under budget: offloaded
+    right after the F with a wait, reloaded right before the backward; (3) every
+    microbatch of the device is (at once with ``everything``).
 
     Why it fits where the rounds could not: the wait keeps the next action back until
-    the copy has ended, so such a device holds one microbatch's activation at a time
-    (plus what its W's keep), whatever its compute order; the price is each transfer
-    on the device's critical path. False when it changed nothing.
+    the copy has ended, so a device held back entirely holds one microbatch's activation
+    at a time (plus what its W's keep), whatever its compute order; the price is each
+    transfer on the device's critical path, so (1) and (2) try to pay it for fewer
+    microbatches first. False when it changed nothing.
     """
     judged = result.problem
     orders = plan.orders(problem)
-    changed = False
-    for d in result.over_budget():
+    over = result.over_budget()
+    chosen = [k for k in plan.reload_after if k not in plan.waited
+              and plan.placement[k[0]] in over]
+    if chosen and not everything:
+        plan.waited.update(chosen)
+        return True
+    slots: dict[int, dict[Key, Slot]] = {}        # device -> held-back option -> slot
+    for d in over:
         order = orders[d]
+        slots[d] = {}
         for i, (op, s, m) in enumerate(order):
-            if op not in ("B", "BW") or judged.activation[s] == 0:
-                continue
-            slot = order[i - 1]
-            if slot == ("F", s, m) or (plan.reload_after.get((s, m)) == slot
-                                       and (s, m) in plan.waited):
-                continue            # nothing between F and B, or already held back
-            plan.reload_after[(s, m)] = slot
-            plan.waited.add((s, m))
+            if op in ("B", "BW") and judged.activation[s] > 0 \
+                    and order[i - 1] != ("F", s, m):        # something between F and B
+                slots[d][(s, m)] = order[i - 1]
+    rec = _compute_records(result)
+    changed = False
+    for d in over if not everything else ():
+        order, held = orders[d], set()
+        for t, level in _over_moments(result, d):
+            kept = [k for k in slots[d] if k not in held and k not in plan.waited
+                    and rec[("F",) + k].start <= t < rec[(_backward_op(order, k),) + k].end]
+            kept.sort(key=lambda k: (rec[("F",) + k].start, k))       # longest kept first
+            level -= sum(judged.activation[k[0]] for k in held
+                         if rec[("F",) + k].start <= t < rec[(_backward_op(order, k),) + k].end)
+            for k in kept:
+                if level <= result.budget[d]:
+                    break
+                held.add(k)
+                level -= judged.activation[k[0]]
+        for k in held:
+            plan.reload_after[k] = slots[d][k]
+            plan.waited.add(k)
             changed = True
+    if changed:
+        return True
+    for d in over:                # (3): all of them, each reloaded right before its B
+        for k, slot in slots[d].items():
+            if k not in plan.waited or plan.reload_after.get(k) != slot:
+                plan.reload_after[k] = slot
+                plan.waited.add(k)
+                changed = True
     return changed
 
 
@@ -278,11 +315,12 @@ def _fit(problem: Problem, plan: _Plan, give_up_at: float | None = None
         result = simulate(problem, plan.schedule(problem))
         if _rank(result) < best[0]:
             best = (_rank(result), _snapshot(plan), result)
-    if not best[2].fits:
+    # step 6: a few microbatches held back at a time, then every one of a device
+    for rounds, everything in ((HOLD_BACK_ROUNDS, False), (HOLD_BACK_ROUNDS, True)):
         plan, result = _snapshot(best[1]), best[2]
-        for _ in range(HOLD_BACK_ROUNDS):
+        for _ in range(rounds):
             if result.fits or (give_up_at is not None and result.makespan >= give_up_at) \
-                    or not _hold_back(problem, plan, result):
+                    or not _hold_back(problem, plan, result, everything):
                 break
             result = simulate(problem, plan.schedule(problem))
             if _rank(result) < best[0]:

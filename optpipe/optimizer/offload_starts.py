@@ -106,13 +106,16 @@ def offloaded_searched_plan(problem: Problem, placement: Sequence[int],
     32: 103.6 s against 102.4 s; both from ``scripts/bench_offload_starts.py``). The simulator decides, so such a
     plan costs only its search time.
     """
-    from optpipe.optimizer.cpsat import solve_cpsat
+    from optpipe.optimizer.cpsat import NoHint, solve_cpsat
 
     loose = relaxed(problem, factor)
     # solve_cpsat keeps the fastest hint that fits (its _pick_hint simulates each)
     hints = list_schedules(loose, placement, split_backward)
-    run = solve_cpsat(loose, warm_start=hints, time_limit=time_limit, threads=threads,
-                      split_backward=split_backward, placement=list(placement))
+    try:
+        run = solve_cpsat(loose, warm_start=hints, time_limit=time_limit, threads=threads,
+                          split_backward=split_backward, placement=list(placement))
+    except NoHint:          # even the looser budget holds no list plan on this placement
+        return []
     if run.schedule is None:
         return []
     fitted = _fitted(problem, replace(run.schedule, name="cpsat"), factor,
