@@ -12,7 +12,8 @@ Reports, each from a measurement on this machine:
 2. F/B/W times per stage (CUDA events) of a larger GPT, from ``optpipe.runtime.profile``;
 3. host-link bandwidth: one large pinned copy each way, and what OFFLOAD/RELOAD reach;
 4. whether offload copies overlap compute: per variant (no offload, every non-last
-   stage offloaded, half of it, and with each RELOAD issued one compute action early)
+   stage offloaded, half of it, with each RELOAD issued one compute action early, and
+   with every OFFLOAD held back: the device waits for its copy, ``wait``)
    the step time, the copy time, and the exposed copy time (copies with no compute);
 5. peak memory against the plan: the runtime's accounting per (logical) device against
    the simulator on the profiled problem, and ``torch.cuda.max_memory_allocated``;
@@ -304,7 +305,8 @@ def main() -> int:
     base = generate("1f1b", problem)
     variants = {"1f1b": base, "1f1b+offload": with_offload(base),
                 "1f1b+offload x0.5": with_offload(base, 0.5),
-                "1f1b+offload+prefetch": prefetched(with_offload(base))}
+                "1f1b+offload+prefetch": prefetched(with_offload(base)),
+                "1f1b+offload+wait": with_offload(base, wait=True)}
     times = {}
     records = {}
     for label, schedule in variants.items():
