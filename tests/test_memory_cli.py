@@ -63,6 +63,25 @@ def test_schedule_gives_one_plan_per_device(tmp_path, capsys):
     assert len(json.loads(saved.read_text())) == 2
 
 
+def test_a_schedule_file_alone_is_enough(tmp_path, capsys):
+    """``optpipe memplan FILE`` like ``optpipe gantt FILE``: the file's own problem; a
+    held-back schedule (OFFLOADs marked wait) plans like any other."""
+    from optpipe.generators import generate
+    from optpipe.problem import uniform_problem
+
+    problem = uniform_problem(4, 8, p2p=0.05, freed_by_b=0, d2h_bandwidth=2000.0,
+                              h2d_bandwidth=2000.0).activation_budget(1.1)
+    schedule = generate("pipeoffload", problem)
+    assert any(a.wait for _, a in schedule)
+    schedule.provenance["problem"] = problem.to_dict()
+    path = tmp_path / "held.json"
+    schedule.save(path)
+    assert main(["memplan", str(path), "--json", "--time-limit", "2", "--workers", "1"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert len(data["devices"]) == 4
+    assert all(row["planned_peak"] >= row["peak_live"] > 0 for row in data["devices"])
+
+
 def test_capacity_too_small_exits_1(csv_trace, capsys):
     assert main(["memplan", "--trace", str(csv_trace), "--capacity", "8", "--json",
                  "--time-limit", "1"]) == 1

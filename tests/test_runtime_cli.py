@@ -63,7 +63,7 @@ def test_run_takes_the_pipeline_from_a_schedule_file(tmp_path, capsys):
 
     path = tmp_path / "s.json"
     generate("zb-h1", uniform_problem(2, 5)).save(path)
-    assert main(["run", "--layers", "2", "--schedule", str(path), "--steps", "1",
+    assert main(["run", "--layers", "2", str(path), "--steps", "1",      # as gantt takes it
                  "--p2p", "0ms", "--single-process", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert (data["problem"]["devices"], data["problem"]["microbatches"]) == (2, 5)

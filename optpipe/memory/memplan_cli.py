@@ -42,7 +42,7 @@ def register(subparsers: Any) -> None:
     source.add_argument("--trace", metavar="FILE",
                         help="allocation trace: MiniMalloc CSV (id,lower,upper,size) or "
                              "optpipe JSON")
-    add_schedule_args(p, default=None)
+    add_schedule_args(p, default=None, positional=True)
     add_problem_args(p)
     p.add_argument("--per-stage", action="store_true",
                    help="one buffer per stage and microbatch part, instead of per-layer "
@@ -70,11 +70,14 @@ def register(subparsers: Any) -> None:
 
 # -------------------------------------------------------------------- inputs
 def _traces(args: argparse.Namespace) -> tuple[list[Trace], str]:
-    if args.trace and args.schedule:
+    from optpipe.cli_common import schedule_source
+
+    named = schedule_source(args)
+    if args.trace and named:
         raise OptPipeError("give either --trace FILE or --schedule NAME|FILE, not both")
     if args.trace:
         return [load_trace(args.trace)], f"trace {args.trace}"
-    if not args.schedule:
+    if not named:
         raise OptPipeError("memplan needs --trace FILE or --schedule NAME|FILE "
                            "(e.g. --schedule 1f1b --model gpt3-1.3b)")
     from optpipe.cli_common import problem_and_schedule

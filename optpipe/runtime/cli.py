@@ -55,7 +55,7 @@ def register(subparsers: Any) -> None:
                     "compare the measured step time and peak memory with the simulator's "
                     "prediction on the profiled problem.")
     _model_args(p, from_files=True)
-    add_schedule_args(p)
+    add_schedule_args(p, positional=True)
     p.add_argument("--problem", metavar="FILE",
                    help="a profiled problem file to predict with (default: profile now)")
     p.add_argument("--steps", type=int, default=3, help="recorded training steps (default 3)")
