@@ -265,12 +265,15 @@ def _hold_back(problem: Problem, plan: _Plan, result: SimResult,
     changed = False
     for d in over if not everything else ():
         order, held = orders[d], set()
+
+        def kept_at(key: Key, t: float) -> bool:
+            return rec[("F",) + key].start <= t < rec[(_backward_op(order, key),) + key].end
+
         for t, level in _over_moments(result, d):
-            kept = [k for k in slots[d] if k not in held and k not in plan.waited
-                    and rec[("F",) + k].start <= t < rec[(_backward_op(order, k),) + k].end]
-            kept.sort(key=lambda k: (rec[("F",) + k].start, k))       # longest kept first
-            level -= sum(judged.activation[k[0]] for k in held
-                         if rec[("F",) + k].start <= t < rec[(_backward_op(order, k),) + k].end)
+            kept = sorted((k for k in slots[d] if k not in held and k not in plan.waited
+                           and kept_at(k, t)),
+                          key=lambda k: (rec[("F",) + k].start, k))   # longest kept first
+            level -= sum(judged.activation[k[0]] for k in held if kept_at(k, t))
             for k in kept:
                 if level <= result.budget[d]:
                     break

@@ -293,28 +293,24 @@ def _fill_pipeline(args: argparse.Namespace) -> None:
     from optpipe.cli_common import schedule_source
     from optpipe.generators import GENERATORS
     from optpipe.problem import load_problem
+    from optpipe.schedule import load_schedule
 
     if args.stages is not None and args.microbatches is not None:
         return
+    given: tuple[int, int] | None = None
     source = schedule_source(args)
     if source is not None and source not in GENERATORS:
-        from optpipe.schedule import load_schedule
         try:
             schedule = load_schedule(source)
+            given = (schedule.devices, schedule.microbatches)
         except OptPipeError:
-            schedule = None          # reported with the usual message when it is used
-        if schedule is not None:
-            args.stages = args.stages if args.stages is not None else schedule.devices
-            args.microbatches = (args.microbatches if args.microbatches is not None
-                                 else schedule.microbatches)
-    if args.problem and (args.stages is None or args.microbatches is None):
+            pass                     # reported with the usual message when it is used
+    if given is None and args.problem:
         problem = load_problem(args.problem)
-        args.stages = args.stages if args.stages is not None else problem.devices
-        args.microbatches = (args.microbatches if args.microbatches is not None
-                             else problem.microbatches)
-    args.stages = args.stages if args.stages is not None else DEFAULT_STAGES
-    args.microbatches = (args.microbatches if args.microbatches is not None
-                         else DEFAULT_MICROBATCHES)
+        given = (problem.devices, problem.microbatches)
+    stages, microbatches = given or (DEFAULT_STAGES, DEFAULT_MICROBATCHES)
+    args.stages = stages if args.stages is None else args.stages
+    args.microbatches = microbatches if args.microbatches is None else args.microbatches
 
 
 def _run(args: argparse.Namespace) -> int:
