@@ -18,7 +18,7 @@ from optpipe.generators import generate
 from optpipe.generators.offload import fit_by_offloading
 from optpipe.optimizer.driver import solve
 from optpipe.optimizer.listsched import list_schedule, list_schedules
-from optpipe.optimizer.offload_starts import (FACTORS, offloaded_list_schedules,
+from optpipe.optimizer.offload_starts import (FACTORS, PLAN_SEEDS, offloaded_list_schedules,
                                               offloaded_searched_plan, relaxed)
 from optpipe.optimizer.preprocess import lower_bound, task_graph
 from optpipe.problem import uniform_problem
@@ -198,6 +198,22 @@ def test_cpsat_plan_for_a_looser_budget_fits_4x8_at_the_no_memory_bound() -> Non
     assert result.fits and plans[0].offloads
     assert result.makespan == pytest.approx(25.65)
     assert result.makespan >= lower_bound(task_graph(problem, True, v_placement(4))) - 1e-9
+
+
+def test_the_seed_picks_which_optimal_plan_is_fitted() -> None:
+    """The seed reaches CP-SAT and is recorded: with one worker (deterministic), seeds 1
+    and 0 return different optimal plans for the looser budget on 4 x 8 (both at its
+    optimum), and each is fitted to the real budget on its own — why the driver tries
+    other seeds (:data:`PLAN_SEEDS`) once every factor has had the default."""
+    problem = half_budget(4, 8)
+    plans = {seed: offloaded_searched_plan(problem, v_placement(4), True, 2.25,
+                                           time_limit=60, threads=1, seed=seed)
+             for seed in (1, 0)}
+    assert PLAN_SEEDS[0] == 1              # CP-SAT's default first: the old search
+    for seed, found in plans.items():
+        assert len(found) == 1 and found[0].provenance["seed"] == seed
+        assert simulate(problem, found[0]).fits
+    assert plans[1][0].actions != plans[0][0].actions
 
 
 def test_left_over_time_goes_to_searched_plans_4x8() -> None:

@@ -58,13 +58,15 @@ _PACKAGE = Path(__file__).resolve().parent.parent
 #: :data:`~.decompose.SEARCH_CHAINS`; 22: pipeoffload and the offloaded starts hold
 #: back the devices their rounds leave over budget, OFFLOADs the device waits for, so a
 #: device whose room holds about one activation keeps several microbatches in flight,
-#: and with offload one stage per device keeps its no-memory bound). A cached schedule from an older search that
+#: and with offload one stage per device keeps its no-memory bound; 23: CP-SAT's plans
+#: for the looser budgets tried again with other random seeds,
+#: :data:`~.offload_starts.PLAN_SEEDS`). A cached schedule from an older search that
 #: was not proven optimal is solved again: the same problem and time limit may now
 #: give a faster one. Not bumped for the warm-up memory
 #: bound (2026-12-01): it proves more but searches the same way (the window search
 #: still keys on the round trip), so a cached answer would come back no faster; its
 #: stored bound is true, only weaker.
-SEARCH_REVISION = 22
+SEARCH_REVISION = 23
 
 
 def cache_dir() -> Path:

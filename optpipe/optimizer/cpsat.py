@@ -970,7 +970,7 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
                 progress: ProgressFn | None = None, log: bool = False,
                 fix_hint: bool = False, decompose: bool | None = None,
                 placement: Sequence[int] | None = None,
-                cuts: "PrefixCuts | None" = None) -> EngineResult:
+                cuts: "PrefixCuts | None" = None, seed: int | None = None) -> EngineResult:
     """Solve ``problem`` with CP-SAT; the best schedule found, or the hint's if none.
 
     ``warm_start`` (one schedule or several, best first) becomes a complete hint and its
@@ -983,7 +983,10 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
     continue from the full model's share with windows (:mod:`.decompose`): time
     windows on chunked placements, microbatch windows on one stage per device where
     memory binds the round trip; True forces microbatch windows, False the full model
-    alone. The caller must already have checked that the budget is feasible
+    alone. ``seed``: CP-SAT's random seed for the full model's run (its default, 1, when
+    None); of several optimal orders it picks which one is returned, which matters to a
+    caller that transforms the answer afterwards (:mod:`.offload_starts`). The caller
+    must already have checked that the budget is feasible
     (:func:`~.preprocess.min_budgets`).
     """
     t0 = time.monotonic()
@@ -1036,6 +1039,8 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
     params = solver.parameters
     params.relative_gap_limit = max(0.0, gap)
     params.log_search_progress = log
+    if seed is not None:
+        params.random_seed = seed
     if fix_hint:
         params.fix_variables_to_their_hinted_value = True
     reporter = _Reporter(ticks.scale, progress, t0)

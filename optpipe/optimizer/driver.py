@@ -501,10 +501,14 @@ def _refine_offloaded(problem: Problem, fixed: FixedSet, runs: list[EngineResult
     the list plans' 102.4 s, 101.9 s at 2). On the benchmark at S/2 this took 8 x 16
     from 53.2 s to 51.95 s and proved 4 x 8 (docs/optimizer-log.md, search revision 12).
     CP-SAT's plans get :data:`REFINE_PLAN_SHARE` of the time left, each run at most
-    :data:`REFINE_PLAN_SECONDS`. Only when the answer would be an offloaded start (no
+    :data:`REFINE_PLAN_SECONDS`; once every factor and placement has had CP-SAT's default
+    seed, the others of :data:`~.offload_starts.PLAN_SEEDS` (a plan's fit depends on
+    which optimal order the seed picks: 4 x 8 at S/2, 26.0 s with the default alone,
+    25.65 s, proven, with seed 0). Only when the answer would be an offloaded start (no
     engine run beat it), until one meets ``bound``.
     """
-    from optpipe.optimizer.offload_starts import (FINER_FACTORS, SEARCHED_FACTORS,
+    from optpipe.optimizer.offload_starts import (FINER_FACTORS, PLAN_SEEDS,
+                                                  SEARCHED_FACTORS,
                                                   offloaded_list_schedules,
                                                   offloaded_searched_plan)
 
@@ -517,8 +521,8 @@ def _refine_offloaded(problem: Problem, fixed: FixedSet, runs: list[EngineResult
     linear = linear_placement(problem.devices)
     shapes = sorted(_shapes(problem, split_backward, allowed), key=lambda s: s[0] != won)
     plan_deadline = time.monotonic() + (deadline - time.monotonic()) * REFINE_PLAN_SHARE
-    plans = [(factor, shape) for factor in SEARCHED_FACTORS for shape in shapes
-             if shape[1] != linear]
+    plans = [(seed, factor, shape) for seed in PLAN_SEEDS for factor in SEARCHED_FACTORS
+             for shape in shapes if shape[1] != linear]
 
     def proven() -> bool:
         now = _bar_makespan(fixed, split_backward)
@@ -526,7 +530,7 @@ def _refine_offloaded(problem: Problem, fixed: FixedSet, runs: list[EngineResult
 
     def search_plans(until: float) -> None:
         while plans and not proven():
-            factor, (label, place, split) = plans[0]
+            seed, factor, (label, place, split) = plans[0]
             limit = min(until - time.monotonic(), REFINE_PLAN_SECONDS) \
                 - _expected_overrun(problem, place, "cpsat")
             if limit < max(1.0, _build_seconds(problem)):
@@ -534,7 +538,7 @@ def _refine_offloaded(problem: Problem, fixed: FixedSet, runs: list[EngineResult
             plans.pop(0)
             _add_fitting(problem, fixed, offloaded_searched_plan(
                 problem, place, split, factor, time_limit=limit, threads=threads,
-                bar=_bar_makespan(fixed, split_backward)), label)
+                bar=_bar_makespan(fixed, split_backward), seed=seed), label)
             if heartbeat:
                 heartbeat()
 
