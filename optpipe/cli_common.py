@@ -323,3 +323,25 @@ def _json_default(value: Any) -> Any:
     if hasattr(value, "value"):
         return value.value
     raise TypeError(f"not JSON serializable: {type(value).__name__}")
+
+
+def infeasible_remedy(problem: Problem, args: argparse.Namespace) -> str:
+    """What the user can change when no schedule fits ``problem``'s budget, in the
+    options they used: the optimizer's message says which device needs how much, and
+    this says which knob lowers that need (static memory and activations answer to
+    different ones)."""
+    from optpipe.units import format_bytes
+
+    over = [d for d in range(problem.devices) if problem.static[d] >= problem.budget[d]]
+    if getattr(args, "problem", None):
+        return ("to fit, raise the budget (--mem, or the problem file's budget) or split "
+                "the model over more stages")
+    if over:
+        d = over[0]
+        return (f"device {d}'s static memory alone (weights, gradients and optimizer state, "
+                f"{format_bytes(problem.static[d])}) is over its budget: split the model "
+                f"further (more --stages, or --tp), shard the optimizer state "
+                f"(--sharded-optimizer with --dp), or give each device more memory (--mem)")
+    return ("to fit, shrink a microbatch's activations (--recompute, a smaller "
+            "--micro-batch-size or --seq-len), split the model further (more --stages, or "
+            "--tp), or give each device more memory (--mem)")

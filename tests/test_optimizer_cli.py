@@ -64,6 +64,26 @@ def test_solve_infeasible_is_one_line(tmp_path, problem_file, capsys) -> None:
     assert code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("optpipe: error: no schedule fits") and "\n" not in err
+    assert err.endswith("to fit, raise the budget (--mem, or the problem file's budget) "
+                        "or split the model over more stages")
+
+
+@pytest.mark.parametrize("argv, remedy", [
+    # llama2-13b's weights and Adam state over 4 stages (50.7 GiB) exceed 40 GB
+    (["--model", "llama2-13b", "--stages", "4", "--mem", "40GB"],
+     "device 0's static memory alone"),
+    # gpt-14.6b on 8 stages: the static part (28.6 GiB) fits in 32 GB (29.8 GiB), one
+    # activation more does not
+    (["--stages", "8", "--mem", "32GB"], "shrink a microbatch's activations (--recompute"),
+])
+def test_an_infeasible_preset_says_which_option_lowers_the_need(tmp_path, capsys, argv,
+                                                                remedy) -> None:
+    code = main(["solve", *argv, "--time-limit", "5", "-o", str(tmp_path / "s.json"),
+                 "--no-gantt"])
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("optpipe: error: no schedule fits") and "\n" not in err
+    assert remedy in err and "(--mem)" in err
 
 
 @pytest.mark.parametrize("text, value", [("0.02", 0.02), ("2%", 0.02), ("0", 0.0),

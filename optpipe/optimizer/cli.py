@@ -124,7 +124,8 @@ def _levels(text: str) -> tuple[float, ...]:
 
 def run(args: argparse.Namespace) -> int:
     """Solve, write the schedule (and chart), print the comparison or JSON."""
-    from optpipe.cli_common import problem_from_args
+    from optpipe.cli_common import infeasible_remedy, problem_from_args
+    from optpipe.errors import InfeasibleError
     from optpipe.optimizer.driver import solve
 
     if args.threads < 1:
@@ -135,12 +136,16 @@ def run(args: argparse.Namespace) -> int:
     limit = args.time_limit - _since_start() - (OUTPUT_RESERVE if not args.no_gantt else 0.5)
     if limit < 1.0:
         limit = min(1.0, args.time_limit)
-    result = solve(problem, solver=args.solver, offload=args.offload,
-                   split_backward=not args.fused_backward, time_limit=limit,
-                   gap=args.gap, threads=args.threads, cache=not args.no_cache,
-                   progress=not (args.quiet or args.json),
-                   offload_levels=_levels(args.offload_levels),
-                   placements=args.placements.split(",") if args.placements else None)
+    try:
+        result = solve(problem, solver=args.solver, offload=args.offload,
+                       split_backward=not args.fused_backward, time_limit=limit,
+                       gap=args.gap, threads=args.threads, cache=not args.no_cache,
+                       progress=not (args.quiet or args.json),
+                       offload_levels=_levels(args.offload_levels),
+                       placements=args.placements.split(",") if args.placements else None)
+    except InfeasibleError as exc:
+        raise InfeasibleError(f"{exc}; {infeasible_remedy(problem, args)}",
+                              exc.min_budget, exc.min_budget_offload) from None
     out = Path(args.output)
     result.schedule.save(out)
     chart = None

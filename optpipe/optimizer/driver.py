@@ -303,13 +303,15 @@ def _check_budget(problem: Problem) -> None:
     need, need_off = min_budgets(problem)
     where = ", ".join(f"device {d} needs {format_bytes(need[d])} "
                       f"(budget {format_bytes(problem.budget[d])})" for d in bad)
+    listed = ", ".join(format_bytes(n) for n in need)
+    smallest = (f"{listed} with or without offload" if list(need) == list(need_off) else
+                f"{listed} without offload and "
+                f"{', '.join(format_bytes(n) for n in need_off)} with it")
     raise InfeasibleError(
         f"no schedule fits the budget: {where}. Every device must hold its static bytes "
         f"plus one microbatch's activation at the start of a forward, offload or not "
         f"(offload frees bytes only after the forward ends), so the smallest budgets are "
-        f"{', '.join(format_bytes(n) for n in need)} without offload and "
-        f"{', '.join(format_bytes(n) for n in need_off)} with it",
-        min_budget=need, min_budget_offload=need_off)
+        f"{smallest}", min_budget=need, min_budget_offload=need_off)
 
 
 def _check_engine_available(solver: str) -> None:
