@@ -17,6 +17,7 @@ docs/optimizer.md between markers (``--no-write`` prints only).
     python scripts/bench_bounds.py --prove 4x32 --time-limit 60
     python scripts/bench_bounds.py --random 60      # + soundness on 60 random problems
     python scripts/bench_bounds.py --small 4x8,8x8,4x12 --small-time 60
+    python scripts/bench_bounds.py --offload-presets --offload-time 30
 
 ``--small CELLS`` (alone: the S/2 table is then not re-measured) asks where the gaps of
 the V shape and interleaved chunks come from, on cells small enough for CP-SAT to prove
@@ -25,6 +26,13 @@ prints the no-memory and memory bounds, CP-SAT's result (hinted with the placeme
 fitting fixed and periodic schedules) and how far the best bound is below the optimum.
 A bound equal to the optimum says the open gaps of larger cells are the search's; a
 bound below it says what the bounds miss. The table goes between its own markers.
+
+``--offload-presets`` (alone, like ``--small``) measures the bound that holds with
+offload (``preprocess.offload_area_bound``: the kept bytes' area over each device's
+room) on presets whose devices have room for one or two activations: per placement,
+the no-memory bound, the area bound, and the best schedule ``optpipe solve`` finds
+there with offload in ``--offload-time`` seconds, with the gap under each bound. The
+table goes between its own markers.
 
 ``--random N`` also checks soundness where optima are cheap to prove: on the tests'
 ``random_problem(seed)`` for N seeds, each placement (one stage per device, V,
@@ -52,6 +60,15 @@ from optpipe.schedule import interleaved_placement, v_placement  # noqa: E402
 DOC = ROOT / "docs" / "optimizer.md"
 START, END = "<!-- bounds:table:start -->", "<!-- bounds:table:end -->"
 SMALL_START, SMALL_END = "<!-- bounds:small:start -->", "<!-- bounds:small:end -->"
+OFFLOAD_START, OFFLOAD_END = "<!-- bounds:offload:start -->", "<!-- bounds:offload:end -->"
+#: (label, model, hardware, stages, budget or None for the hardware's): devices with
+#: room for about one or two activations above static memory
+OFFLOAD_PRESETS = [
+    ("gpt3-13b, 4 x H100 at 60 GB", "gpt3-13b", "h100-80gb", 4, "60GB"),
+    ("llama2-70b, 16 x H100", "llama2-70b", "h100-80gb", 16, None),
+    ("gpt-14.6b, 4 x H100 (`--stages 4 --mem 80GB`)", "gpt-14.6b", "h100-80gb", 4, "80GB"),
+    ("llama2-13b, 8 x A100-40GB", "llama2-13b", "a100-40gb", 8, None),
+]
 SIZES = [(s, m) for s in (4, 8, 16) for m in (16, 32, 64)]
 
 
@@ -125,6 +142,41 @@ def _small(cells: list[tuple[int, int]], seconds: float, threads: int) -> list[s
     return lines
 
 
+def _offload_presets(seconds: float, threads: int) -> list[str]:
+    """Per preset and placement: the no-memory and area bounds, and the best schedule
+    the optimizer finds there with offload (its gap under each bound)."""
+    from optpipe import costmodel
+    from optpipe.optimizer.driver import solve
+    from optpipe.optimizer.preprocess import offload_area_bound
+    from optpipe.schedule import searched_placements
+    from optpipe.units import parse_bytes
+
+    lines = ["| problem | least room (activations) | placement | no-memory bound "
+             "| area bound | best found | gap: no-memory → area |",
+             "|---|---|---|---|---|---|---|"]
+    for label, model, hardware, stages, mem in OFFLOAD_PRESETS:
+        problem = costmodel.build_problem(model, hardware, stages=stages,
+                                          microbatches=costmodel.DEFAULT_MICROBATCHES)
+        if mem is not None:
+            problem = problem.with_budget(parse_bytes(mem, "--mem"))
+        room = min((b - s) / a for b, s, a in zip(problem.budget, problem.static,
+                                                  problem.activation))
+        result = solve(problem, offload=True, time_limit=seconds, threads=threads,
+                       cache=False, progress=False)
+        best = {p["placement"].replace("+offload", ""): p["best"] for p in result.placements}
+        for name, place in searched_placements(problem.devices).items():
+            graph = task_graph(problem, True, place)
+            free, area = lower_bound(graph), offload_area_bound(graph)
+            found = best.get(name)
+            cells = ["", ""] if found is None else [
+                f"{found:.3f} s",
+                f"{(found - free) / found:.1%} → {(found - max(free, area)) / found:.1%}"]
+            lines.append(f"| {label} | {room:.2f} | {name} | {free:.3f} s | {area:.3f} s | "
+                         f"{cells[0]} | {cells[1]} |")
+            print(lines[-1], flush=True)
+    return lines
+
+
 def _write(start: str, end: str, block: str) -> None:
     """Replace what lies between ``start`` and ``end`` in docs/optimizer.md."""
     from docblock import replace_between
@@ -167,8 +219,23 @@ def main(argv: list[str] | None = None) -> int:
                          "optima are proven at S/2 and S, instead of the S/2 table")
     ap.add_argument("--small-time", type=float, default=60.0,
                     help="seconds per proof attempt with --small")
+    ap.add_argument("--offload-presets", action="store_true",
+                    help="the bound that holds with offload on starved presets, instead "
+                         "of the S/2 table")
+    ap.add_argument("--offload-time", type=float, default=30.0,
+                    help="seconds per solve with --offload-presets")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args(argv)
+    if args.offload_presets:
+        lines = _offload_presets(args.offload_time, args.threads)
+        meta = (f"Measured with `python scripts/bench_bounds.py --offload-presets "
+                f"--offload-time {args.offload_time:g}` on {os.cpu_count()} CPU cores, "
+                f"{args.threads} solver threads (the cost model's presets, 32 microbatches; "
+                f"least room: the smallest budget above static memory, in activations; "
+                f"best found: `optpipe solve` with offload, per placement).")
+        if not args.no_write:
+            _write(OFFLOAD_START, OFFLOAD_END, meta + "\n\n" + "\n".join(lines))
+        return 0
     if args.small:
         lines = _small([_size(x) for x in args.small.split(",") if x], args.small_time,
                        args.threads)

@@ -29,7 +29,7 @@ from optpipe.optimizer.gcpause import with_fewer_collections
 from optpipe.optimizer.prefix import MAX_PIECE, PrefixCuts, prefix_cuts, truncated_hints
 from optpipe.optimizer.preprocess import (Candidate, FixedSet, fixed_schedules,
                                           infeasible_devices, lower_bound, memory_bound,
-                                          min_budgets, task_graph)
+                                          min_budgets, offload_area_bound, task_graph)
 from optpipe.optimizer.result import (ERROR, FEASIBLE, OPTIMAL, EngineResult, ProgressFn,
                                       relative_gap)
 from optpipe.problem import Problem
@@ -833,6 +833,9 @@ class _Space:
     # order models (:func:`_room_first`), with offload allowed too, where ``bound`` is
     # the no-memory bound of every placement and would rank none ahead
     order_bound: float = 0.0
+    # what holds with offload: the larger of its no-memory bound and the kept bytes'
+    # area over its room (:func:`~.preprocess.offload_area_bound`)
+    offload_bound: float = 0.0
 
     @property
     def hinted(self) -> bool:
@@ -892,12 +895,13 @@ def _spaces(problem: Problem, split_backward: bool, fixed: FixedSet,
         graph = task_graph(problem, split, place)
         free = lower_bound(graph)
         held = memory_bound(graph, free)
+        with_offload = max(free, offload_area_bound(graph)) if use_offload else free
         # the start an order-model search has here: offloading schedules count for the
         # incumbent, but no order model can start from one
         start = min((c.makespan for c in on if not c.schedule.offloads), default=math.inf)
-        out.append(_Space(label, place, free if use_offload else held, start, split,
+        out.append(_Space(label, place, with_offload if use_offload else held, start, split,
                           overrun=_expected_overrun(problem, place, engine),
-                          free_bound=free, order_bound=held))
+                          free_bound=free, order_bound=held, offload_bound=with_offload))
     if not out:
         raise OptPipeError(f"no fixed schedule on the {' or '.join(allowed or ())} "
                            f"placement fits this budget, so the search has nothing to "
@@ -1097,13 +1101,15 @@ def _offload_bound(space: _Space, linear: float) -> float:
 
     The order models' proofs do not cover offload, which fixed schedules may use on any
     placement (pipeoffload builds on ZB-V too): the chunked placements keep their
-    no-memory bounds, and one stage per device keeps ``linear`` (its no-memory bound,
-    or the value its order model proved optimal at that bound). Not the offload
-    model's bound: that model's times are the simulator's without waits, and an
-    OFFLOAD that holds its device back (``wait``) can beat its optimum. Shared by the
-    search's end and the live line, so both state one rule.
+    bounds that hold with offload (``offload_bound``: no-memory, or the kept bytes'
+    area, :func:`~.preprocess.offload_area_bound`), and one stage per device keeps
+    ``linear`` (that, or the value its order model proved optimal at that bound). Not
+    the offload model's bound: that model's times are the simulator's without waits,
+    and an OFFLOAD that holds its device back (``wait``) can beat its optimum. Shared
+    by the search's end and the live line, so both state one rule.
     """
-    return linear if space.label == "linear" else space.free_bound
+    return max(linear, space.offload_bound) if space.label == "linear" \
+        else space.offload_bound
 
 
 def _placement_proofs(problem: Problem, spaces: list[_Space], runs: list[EngineResult],

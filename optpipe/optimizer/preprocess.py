@@ -515,6 +515,66 @@ def memory_bounds(graph: TaskGraph, no_memory: float | None = None) -> tuple[flo
     return max(best, device_bound(graph, es, tail)), first_backward_bound(graph, es)
 
 
+def offload_area_bound(graph: TaskGraph) -> float:
+    """A makespan bound that counts memory and holds with offload (waits included):
+    each device's room above static memory, over the whole step, must hold the
+    byte-seconds its microbatches' activations are kept.
+
+    Why: with offload allowed the other memory bounds do not hold (an OFFLOAD frees
+    bytes without backward work), so every placement fell back to its no-memory bound,
+    far below what a device whose room holds one or two activations can reach
+    (``optpipe solve --model gpt3-13b --stages 4 --mem 60GB``: one stage per device's
+    best 6.26 s against a no-memory bound of 2.96 s). Where the host link is slow
+    against the round trip, sending an activation away is not free in memory either:
+    it stays counted while it crosses the link both ways.
+
+    The argument, per device ``d`` with room ``R = budget - static``: memory never
+    exceeds the budget, so over ``[h, T]`` (``h``: the earliest start of its first
+    forward, before which nothing of it is kept) the kept bytes integrate to at most
+    ``R (T - h)``. Each microbatch of stage ``s`` on ``d`` (activation ``a``, F/B/W
+    times ``f, b, w``) keeps, by :mod:`optpipe.memory.accounting`: ``a`` during its F
+    (allocated at the start), ``a`` during its B (a reload ends before it), ``a -
+    freed_by_b`` from B's end to W's end (``>= w``); and between F's end and B's start,
+    a gap of at least ``g`` (the longest dependency path between them, the same for
+    every microbatch), with a fraction ``x`` offloaded: ``(1 - x) a`` for the whole gap
+    and ``x a`` while it crosses the link each way (counted until the OFFLOAD ends and
+    from the RELOAD's issue), ``x a`` bytes over ``x c`` seconds, ``c = a / d2h + a /
+    h2d`` — one OFFLOAD per microbatch and stage, any fraction. The least of ``(1 - x) g
+    + x^2 c`` over ``x`` in [0, 1] is ``g - g^2 / 4c`` below ``g = 2c``, else ``c``;
+    it grows with the gap, so the least gap gives a bound. So ``T >= h + sum over
+    microbatches of those byte-seconds / R``. Transfers move whole bytes (rounded down),
+    which the result allows for by a relative 1e-9.
+
+    It needs room of only a few activations to bind: on one stage per device, where
+    the round trip is long; on chunked placements a chunk moves half the bytes in half
+    the time, so the gap is cheap to bridge and this rarely passes their no-memory
+    bound (measured on presets and the benchmark: docs/optimizer.md, "Lower bounds").
+    """
+    p = graph.problem
+    es = earliest_starts(graph)
+    dur = graph.duration
+    bwd = Op.B if graph.split_backward else Op.BW
+    best = 0.0
+    for d in range(graph.devices):
+        room = p.budget[d] - p.static[d]
+        stages = graph.stages_on(d)
+        if room <= 0 or not stages:
+            continue
+        kept = 0.0                    # byte-seconds per microbatch over the device's stages
+        for s in stages:
+            a = p.activation[s]
+            f, b = dur[(Op.F, s, 0)], dur[(bwd, s, 0)]
+            gap = es[(bwd, s, 0)] - es[(Op.F, s, 0)] - f
+            cross = a / p.d2h_bandwidth + a / p.h2d_bandwidth
+            between = gap - gap * gap / (4 * cross) if gap < 2 * cross else cross
+            kept += a * (f + between + b)
+            if graph.split_backward:
+                kept += (a - p.freed_by_b[s]) * dur[(Op.W, s, 0)]
+        head = min(es[(Op.F, s, 0)] for s in stages)
+        best = max(best, head + p.microbatches * kept / room)
+    return best * (1 - 1e-9)
+
+
 def first_backward_bound(graph: TaskGraph, es: Mapping[Key, float]) -> float:
     """The warm-up's memory bound: a device idles when its room fills before its first
     backward can start.
