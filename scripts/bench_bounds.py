@@ -177,6 +177,16 @@ def _offload_presets(seconds: float, threads: int) -> list[str]:
     return lines
 
 
+def _report(args: argparse.Namespace, flags: str, what: str, markers: tuple[str, str],
+            lines: list[str]) -> None:
+    """Write ``lines`` under a header naming the command (``flags``) and the setting
+    (``what``) between ``markers``, unless ``--no-write``."""
+    meta = (f"Measured with `python scripts/bench_bounds.py {flags}` on {os.cpu_count()} "
+            f"CPU cores, {args.threads} solver threads ({what}).")
+    if not args.no_write:
+        _write(*markers, meta + "\n\n" + "\n".join(lines))
+
+
 def _write(start: str, end: str, block: str) -> None:
     """Replace what lies between ``start`` and ``end`` in docs/optimizer.md."""
     from docblock import replace_between
@@ -227,24 +237,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args(argv)
     if args.offload_presets:
-        lines = _offload_presets(args.offload_time, args.threads)
-        meta = (f"Measured with `python scripts/bench_bounds.py --offload-presets "
-                f"--offload-time {args.offload_time:g}` on {os.cpu_count()} CPU cores, "
-                f"{args.threads} solver threads (the cost model's presets, 32 microbatches; "
-                f"least room: the smallest budget above static memory, in activations; "
-                f"best found: `optpipe solve` with offload, per placement).")
-        if not args.no_write:
-            _write(OFFLOAD_START, OFFLOAD_END, meta + "\n\n" + "\n".join(lines))
+        _report(args, f"--offload-presets --offload-time {args.offload_time:g}",
+                "the cost model's presets, 32 microbatches; least room: the smallest "
+                "budget above static memory, in activations; best found: `optpipe solve` "
+                "with offload, per placement", (OFFLOAD_START, OFFLOAD_END),
+                _offload_presets(args.offload_time, args.threads))
         return 0
     if args.small:
-        lines = _small([_size(x) for x in args.small.split(",") if x], args.small_time,
-                       args.threads)
-        meta = (f"Measured with `python scripts/bench_bounds.py --small {args.small} "
-                f"--small-time {args.small_time:g}` on {os.cpu_count()} CPU cores, "
-                f"{args.threads} solver threads (F = B = W = 1 s, p2p 0.05 s; the bounds "
-                f"and CP-SAT as the driver has them).")
-        if not args.no_write:
-            _write(SMALL_START, SMALL_END, meta + "\n\n" + "\n".join(lines))
+        _report(args, f"--small {args.small} --small-time {args.small_time:g}",
+                "F = B = W = 1 s, p2p 0.05 s; the bounds and CP-SAT as the driver has them",
+                (SMALL_START, SMALL_END),
+                _small([_size(x) for x in args.small.split(",") if x], args.small_time,
+                       args.threads))
         return 0
     prove = {_size(x) for x in args.prove.split(",") if x}
     lines = ["| problem | no-memory bound | memory bound | prefix cuts "
