@@ -19,7 +19,7 @@ from optpipe.errors import OptPipeError
 from optpipe.problem import Problem, load_problem, problem_from_dict
 from optpipe.schedule import Schedule, load_schedule
 from optpipe.simulator import SimResult
-from optpipe.units import format_bytes, format_seconds, parse_bytes, parse_seconds
+from optpipe.units import format_bytes, format_seconds, parse_budget_flag, parse_seconds
 
 
 def add_problem_args(parser: argparse.ArgumentParser) -> None:
@@ -94,7 +94,7 @@ def problem_from_args(args: argparse.Namespace) -> Problem:
 
 def _budget_from_args(args: argparse.Namespace) -> float | None:
     """``--mem`` in bytes, or None when not given."""
-    budget = parse_bytes(args.mem, "--mem") if getattr(args, "mem", None) else None
+    budget = parse_budget_flag(args.mem, "--mem") if getattr(args, "mem", None) else None
     if budget is not None and budget <= 0:
         raise OptPipeError("--mem must be positive, e.g. --mem 80GB")
     return budget

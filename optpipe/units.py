@@ -49,6 +49,18 @@ def parse_bytes(value: str | int | float, what: str = "size") -> int:
     return int(round(number * factor))
 
 
+def parse_budget_flag(text: str, flag: str) -> int:
+    """A memory budget given on the command line (``--mem``): like :func:`parse_bytes`,
+    but a plain number below 1 MiB is refused — ``--mem 80`` means 80 bytes, where the
+    user meant 80 GB, and would only report that nothing fits."""
+    count = parse_bytes(text, flag)
+    number, unit = _split(text, flag, "'80GB'")
+    if not unit and count < 2**20:
+        raise OptPipeError(f"{flag} {text!r} has no unit, so it means {count} bytes; "
+                           f"write the unit, e.g. {flag} {number:g}GB or {number:g}GiB")
+    return count
+
+
 def parse_seconds(value: str | int | float, what: str = "time") -> float:
     """Return seconds from ``18.5ms``, ``1.2s``, ``300us`` or a plain number of seconds."""
     example = "'18.5ms', '1.2s' or '300us'"

@@ -58,6 +58,9 @@ def test_export_formats(problem_file, tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["simulate", "--stages", "4", "--mem", "80 gigs"], "80GiB"),
+    # a plain 80 is 80 bytes: refused rather than a table where nothing fits
+    (["compare", "--stages", "4", "--mem", "80"], "--mem 80GB or 80GiB"),
+    (["solve", "--stages", "4", "--mem", "80"], "has no unit"),
     (["simulate", "--problem", "/nonexistent.toml"], "does not exist"),
     (["simulate", "--stages", "4", "--model", "gpt-9000"], "unknown model"),
     (["simulate", "--stages", "4", "--schedule", "zigzag"], "known:"),

@@ -50,3 +50,14 @@ def test_formatting():
     assert format_bytes(100) == "100 B"
     assert format_seconds(0.0185) == "18.50 ms"
     assert format_seconds(2.5) == "2.500 s"
+
+
+def test_a_budget_flag_without_a_unit_must_be_bytes_for_real() -> None:
+    """``--mem 80`` would be 80 bytes: refused with the units to write; a plain count
+    of bytes (``80e9``) and any value with a unit are taken."""
+    from optpipe.units import parse_budget_flag
+    with pytest.raises(OptPipeError, match="no unit, so it means 80 bytes"):
+        parse_budget_flag("80", "--mem")
+    assert parse_budget_flag("80000000000", "--mem") == 80 * 10**9
+    assert parse_budget_flag("80e9", "--mem") == 80 * 10**9
+    assert parse_budget_flag("512KiB", "--mem") == 512 * 2**10

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from optpipe.errors import OptPipeError
-from optpipe.units import format_bytes, format_seconds, parse_bytes, parse_seconds
+from optpipe.units import format_bytes, format_seconds, parse_budget_flag, parse_seconds
 
 
 def register(subparsers: Any) -> None:
@@ -191,7 +191,7 @@ def profile_from_args(args: argparse.Namespace, placement: list[int] | None = No
     config = _config(args)
     device = _device(args)
     parse_dtype(args.dtype)
-    budget = parse_bytes(args.mem, "--mem") if args.mem else float("inf")
+    budget = parse_budget_flag(args.mem, "--mem") if args.mem else float("inf")
     processes = args.profile_processes
     problem = profile_gpt(config, len(placement) if placement else args.stages,
                           args.microbatches,
