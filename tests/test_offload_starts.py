@@ -10,6 +10,7 @@ must hand them on only when offload is allowed, naming them as its own answer.
 from __future__ import annotations
 
 import random
+import re
 import time
 
 import pytest
@@ -234,3 +235,6 @@ def test_left_over_time_goes_to_searched_plans_4x8() -> None:
     warm = result.schedule.provenance.get("warm_start") or ""
     if warm.startswith("cpsat-x"):
         assert "CP-SAT's order model planned for" in result.message
+    # the left-over time is accounted for in the message
+    assert re.search(r"then \d+ s on offloaded plans \(\d+ of CP-SAT's for looser budgets, "
+                     r"\d+ finer list-plan factors\): ", result.message)

@@ -36,7 +36,7 @@ from optpipe.problem import Problem
 from optpipe.schedule import (Schedule, linear_placement, placement_name,
                               searched_placements)
 from optpipe.simulator import SimResult, simulate
-from optpipe.units import format_bytes
+from optpipe.units import format_bytes, format_seconds
 
 SOLVERS = ("auto", "cpsat", "highs", "gurobi")
 #: Placements the search may use (``placements=`` of :func:`solve`, ``--placements``):
@@ -265,9 +265,10 @@ def solve(problem: Problem, *, solver: str = "auto", offload: bool | None = None
                               levels=levels, progress=live, notes=notes,
                               memory_binds=binds, proven=proven)
         if use_offload:
-            _refine_offloaded(problem, fixed, runs, split_backward, allowed,
-                              t0 + time_limit, threads, union_bound,
-                              heartbeat)
+            refined = _refine_offloaded(problem, fixed, runs, split_backward, allowed,
+                                        t0 + time_limit, threads, union_bound, heartbeat)
+            if refined:
+                notes.append(refined)
             best_fixed = _bar(fixed, use_offload, split_backward)
     finally:
         if reporter is not None and hasattr(reporter, "close"):
@@ -489,7 +490,7 @@ def _bar_makespan(fixed: FixedSet, split_backward: bool) -> float | None:
 def _refine_offloaded(problem: Problem, fixed: FixedSet, runs: list[EngineResult],
                       split_backward: bool, allowed: tuple[str, ...] | None,
                       deadline: float, threads: int, bound: float | None,
-                      heartbeat: Callable[[], None] | None) -> None:
+                      heartbeat: Callable[[], None] | None) -> str | None:
     """Spend the time the search left over on offloaded starts near the one that won:
     CP-SAT's plans for looser budgets (:data:`~.offload_starts.SEARCHED_FACTORS`) on the
     chunked placements (the winner's placement first), then list plans for the finer
@@ -507,7 +508,9 @@ def _refine_offloaded(problem: Problem, fixed: FixedSet, runs: list[EngineResult
     seed, the others of :data:`~.offload_starts.PLAN_SEEDS` (a plan's fit depends on
     which optimal order the seed picks: 4 x 8 at S/2, 26.0 s with the default alone,
     25.65 s, proven, with seed 0). Only when the answer would be an offloaded start (no
-    engine run beat it), until one meets ``bound``.
+    engine run beat it), until one meets ``bound``. Returns what it did, for the
+    result's message (the time is otherwise unaccounted for: no engine's run shows it),
+    or None when it did not run.
     """
     from optpipe.optimizer.offload_starts import (FINER_FACTORS, PLAN_SEEDS,
                                                   SEARCHED_FACTORS,
@@ -518,13 +521,16 @@ def _refine_offloaded(problem: Problem, fixed: FixedSet, runs: list[EngineResult
     if best is None or "factor" not in best.schedule.provenance or any(
             r.objective is not None and r.objective < best.makespan * (1 - 1e-9)
             for r in runs):
-        return
+        return None
+    began, before = time.monotonic(), best.makespan
     won = best.schedule.provenance["placement"]
     linear = linear_placement(problem.devices)
     shapes = sorted(_shapes(problem, split_backward, allowed), key=lambda s: s[0] != won)
     plan_deadline = time.monotonic() + (deadline - time.monotonic()) * REFINE_PLAN_SHARE
     plans = [(seed, factor, shape) for seed in PLAN_SEEDS for factor in SEARCHED_FACTORS
              for shape in shapes if shape[1] != linear]
+    planned = len(plans)
+    finer_tried = 0
 
     def proven() -> bool:
         now = _bar_makespan(fixed, split_backward)
@@ -548,13 +554,19 @@ def _refine_offloaded(problem: Problem, fixed: FixedSet, runs: list[EngineResult
     label, place, split = shapes[0]                  # the winner's placement
     for finer in FINER_FACTORS:
         if time.monotonic() > deadline or proven():
-            return
+            break
+        finer_tried += 1
         _add_fitting(problem, fixed, offloaded_list_schedules(
             problem, place, split, finer, deadline=deadline,
             bar=_bar_makespan(fixed, split_backward)), label)
         if heartbeat:
             heartbeat()
     search_plans(deadline)           # what the finer factors left: the plans not tried
+    after = _bar_makespan(fixed, split_backward)
+    found = (f"{format_seconds(before)} -> {format_seconds(after)}"
+             if after is not None and after < before * (1 - 1e-9) else "nothing faster")
+    return (f"then {time.monotonic() - began:.0f} s on offloaded plans ({planned - len(plans)} "
+            f"of CP-SAT's for looser budgets, {finer_tried} finer list-plan factors): {found}")
 
 
 def _add_periodic(problem: Problem, fixed: FixedSet, split_backward: bool,
@@ -1459,7 +1471,6 @@ class _LiveLine:
 
     def __call__(self, elapsed: float, best: float | None, bound: float | None,
                  gap: float | None) -> None:
-        from optpipe.units import format_seconds
         # the search's own view (_SearchProgress): kept for the next throttled print
         self.best = best if best is not None else self.best
         self.bound = bound if bound is not None else self.bound
