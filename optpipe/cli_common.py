@@ -330,8 +330,6 @@ def infeasible_remedy(problem: Problem, args: argparse.Namespace) -> str:
     options they used: the optimizer's message says which device needs how much, and
     this says which knob lowers that need (static memory and activations answer to
     different ones)."""
-    from optpipe.units import format_bytes
-
     over = [d for d in range(problem.devices) if problem.static[d] >= problem.budget[d]]
     if getattr(args, "problem", None):
         return ("to fit, raise the budget (--mem, or the problem file's budget) or split "
