@@ -62,7 +62,8 @@ _PACKAGE = Path(__file__).resolve().parent.parent
 #: for the looser budgets tried again with other random seeds,
 #: :data:`~.offload_starts.PLAN_SEEDS`, and with offload a bound from the kept bytes'
 #: area, :func:`~.preprocess.offload_area_bound`, which skips one stage per device's
-#: offload model where it cannot win). A cached schedule from an older search that
+#: offload model where it cannot win, and that model's OFFLOADs may hold the device
+#: back, so held-back schedules are its hints). A cached schedule from an older search that
 #: was not proven optimal is solved again: the same problem and time limit may now
 #: give a faster one. Not bumped for the warm-up memory
 #: bound (2026-12-01): it proves more but searches the same way (the window search

@@ -142,6 +142,7 @@ class Hint:
     offloads: dict[tuple[int, int], float]         # (stage, mb) -> fraction
     reload_after: dict[tuple[int, int], Key | None]
     makespan: int
+    waits: frozenset[tuple[int, int]] = frozenset()  # offloads that hold their device back
 
 
 def make_hint(schedule: Schedule, ticks: Ticks) -> Hint:
@@ -153,7 +154,9 @@ def make_hint(schedule: Schedule, ticks: Ticks) -> Hint:
     first = min(t[0] for t in times.values())
     return Hint(schedule=schedule, times=times, order=order, offloads=offloads,
                 reload_after=reload_positions(schedule),
-                makespan=max(t[1] for t in times.values()) - first)
+                makespan=max(t[1] for t in times.values()) - first,
+                waits=frozenset((a.stage, a.microbatch) for _, a in schedule
+                                if a.op is Op.OFFLOAD and a.wait))
 
 
 def tight_memory_ok(hint: Hint, problem: Problem, delta: int) -> bool:
@@ -171,8 +174,8 @@ def tight_memory_ok(hint: Hint, problem: Problem, delta: int) -> bool:
             events[s].append((end, 0, -a))
         else:
             moved = transfer_bytes(problem, Action(op, s, m, hint.offloads[(s, m)]))
-            if op is Op.OFFLOAD:
-                events[s].append((end + delta, 0, -moved))
+            if op is Op.OFFLOAD:     # a waited one is released exactly (see the model)
+                events[s].append((end + (0 if (s, m) in hint.waits else delta), 0, -moved))
             else:
                 events[s].append((issue, 1, moved))
     for d, evs in enumerate(events):
@@ -225,6 +228,7 @@ class _Vars:
     makespan: Any
     level: dict[tuple[int, int, float], Any] = field(default_factory=dict)
     reload_choice: dict[tuple[int, int], list[tuple[Key, Any]]] = field(default_factory=dict)
+    wait: dict[tuple[int, int], Any] = field(default_factory=dict)
     size: dict[str, int] = field(default_factory=dict)
     placement: list[int] | None = None
 
@@ -668,8 +672,6 @@ def build_tight_model(problem: Problem, ticks: Ticks, horizon: int, lower: int,
         if problem.activation[s] == 0:
             continue
         cf = b.int_var(0, 0, f"cf{s}_0", 0)           # offload channel free
-        rcf = b.int_var(0, 0, f"rcf{s}_0", 0)         # reload channel free
-        li = b.int_var(0, 0, f"li{s}_0", 0)           # latest reload issue so far
         for mb in range(M):
             f = (Op.F, s, mb)
             hx = hint.offloads.get((s, mb)) if hint else None
@@ -682,6 +684,10 @@ def build_tight_model(problem: Problem, ticks: Ticks, horizon: int, lower: int,
             o = b.bool_var(f"o{s}_{mb}", (hx is not None) if hint else None)
             m_.add(sum(l for _, l in lits) == o)
             offloaded[(s, mb)] = o
+            # held back: what the device issues after this F waits for the offload's end
+            w = b.bool_var(f"w{s}_{mb}", ((s, mb) in hint.waits) if hint else None)
+            m_.add_implication(w, o)
+            out.wait[(s, mb)] = w
             h_on = hint is not None and hx is not None
             # offload: starts at max(F end, channel free)
             h_cf = b.hint.get(cf) if hint else None
@@ -695,9 +701,19 @@ def build_tight_model(problem: Problem, ticks: Ticks, horizon: int, lower: int,
             oe = b.int_var(0, H, f"oe{s}_{mb}", (h_os + b.hint[osz]) if hint else None)
             m_.add(oe == os_ + osz)
             off_iv = m_.new_optional_interval_var(os_, osz, oe, o, f"OFF{s}_{mb}")
-            cf_next = _running_max(b, cf, oe, o, H, f"cf{s}_{mb + 1}",
-                                   (b.hint[oe] if h_on else 0) if hint else None)
+            cf = _running_max(b, cf, oe, o, H, f"cf{s}_{mb + 1}",
+                              (b.hint[oe] if h_on else 0) if hint else None)
+            transfer_vars[(s, mb)] = {"oe": oe, "lits": lits, "o": o, "w": w, "off": off_iv}
+        rcf = b.int_var(0, 0, f"rcf{s}_0", 0)         # reload channel free
+        li = b.int_var(0, 0, f"li{s}_0", 0)           # latest reload issue so far
+        for mb in range(M):
+            f = (Op.F, s, mb)
+            t = transfer_vars[(s, mb)]
+            o, oe = t["o"], t["oe"]
+            hx = hint.offloads.get((s, mb)) if hint else None
+            h_on = hint is not None and hx is not None
             # reload issue: the end of one compute action listed before B_m, at/after F_m
+            # (after a waited F: its offload's end, which holds the device back)
             cands: list[Key] = [(Op.F, s, k) for k in range(mb, M)]
             cands += [(bwd, s, k) for k in range(mb)]
             if split:
@@ -709,32 +725,35 @@ def build_tight_model(problem: Problem, ticks: Ticks, horizon: int, lower: int,
             for c in cands:
                 r = b.bool_var(f"r{s}_{mb}_{c[0].value}{c[2]}",
                                (c == h_after) if hint else None)
-                m_.add(iss == end(c)).only_enforce_if(r)
+                held = transfer_vars[(s, c[2])] if c[0] is Op.F else None
+                if held is None:
+                    m_.add(iss == end(c)).only_enforce_if(r)
+                else:
+                    m_.add(iss == end(c)).only_enforce_if([r, ~held["w"]])
+                    m_.add(iss == held["oe"]).only_enforce_if([r, held["w"]])
                 choice.append((c, r))
             out.reload_choice[(s, mb)] = choice
             m_.add(sum(r for _, r in choice) == o)
             m_.add(iss >= end(f)).only_enforce_if(o)
             m_.add(iss <= start[(bwd, s, mb)]).only_enforce_if(o)
             m_.add(iss >= li).only_enforce_if(o)
-            li_next = _running_max(b, li, iss, o, H, f"li{s}_{mb + 1}",
-                                   h_iss if h_on else (0 if hint else None))
+            li = _running_max(b, li, iss, o, H, f"li{s}_{mb + 1}",
+                              h_iss if h_on else (0 if hint else None))
             # reload: starts at max(issue, offload end, channel free)
             h_rs = max(b.hint[iss], b.hint[oe], b.hint[rcf]) if hint else None
             rs = b.int_var(0, H, f"rs{s}_{mb}", h_rs)
             m_.add_max_equality(rs, [iss, oe, rcf])
-            rsz_vals = [ticks.transfer[(Op.RELOAD, s, x)] for x, _ in lits]
+            rsz_vals = [ticks.transfer[(Op.RELOAD, s, x)] for x, _ in t["lits"]]
             rsz = b.int_var(0, max(rsz_vals), f"rsz{s}_{mb}",
                             ticks.transfer[(Op.RELOAD, s, hx)] if h_on else (0 if hint else None))
-            m_.add(rsz == sum(v * l for v, (_, l) in zip(rsz_vals, lits)))
+            m_.add(rsz == sum(v * l for v, (_, l) in zip(rsz_vals, t["lits"])))
             re_ = b.int_var(0, H, f"re{s}_{mb}", (h_rs + b.hint[rsz]) if hint else None)
             m_.add(re_ == rs + rsz)
-            rl_iv = m_.new_optional_interval_var(rs, rsz, re_, o, f"RLD{s}_{mb}")
-            rcf_next, reload_end0[(s, mb)] = _running_max(
+            t["rld"] = m_.new_optional_interval_var(rs, rsz, re_, o, f"RLD{s}_{mb}")
+            rcf, reload_end0[(s, mb)] = _running_max(
                 b, rcf, re_, o, H, f"rcf{s}_{mb + 1}",
                 (b.hint[re_] if h_on else 0) if hint else None, gated_too=True)
-            transfer_vars[(s, mb)] = {"oe": oe, "iss": iss, "lits": lits, "o": o,
-                                      "off": off_iv, "rld": rl_iv}
-            cf, rcf, li = cf_next, rcf_next, li_next
+            t["iss"] = iss
         m_.add_no_overlap([transfer_vars[(s, mb)]["off"] for mb in range(M)])
         m_.add_no_overlap([transfer_vars[(s, mb)]["rld"] for mb in range(M)])
 
@@ -769,9 +788,17 @@ def build_tight_model(problem: Problem, ticks: Ticks, horizon: int, lower: int,
                     m_.add(start[k] == 0)
                 continue
             h_pe = hend(pred_of[k]) if hint and pred_of.get(k) else (0 if hint else None)
+            pred = pred_of.get(k) if hint else None
+            if pred is not None and pred[0] is Op.F and (s, pred[2]) in hint.waits:
+                h_pe = b.hint[transfer_vars[(s, pred[2])]["oe"]]   # held back until then
             pe = b.int_var(0, H, f"pe{s}_{op.value}{mb}", h_pe)
             for i_key, lit in incoming[k]:
-                m_.add(pe == end(i_key)).only_enforce_if(lit)
+                held = transfer_vars.get((s, i_key[2])) if i_key[0] is Op.F else None
+                if held is None:
+                    m_.add(pe == end(i_key)).only_enforce_if(lit)
+                else:                 # after a waited offload: its end (>= the F's end)
+                    m_.add(pe == end(i_key)).only_enforce_if([lit, ~held["w"]])
+                    m_.add(pe == held["oe"]).only_enforce_if([lit, held["w"]])
             m_.add_max_equality(start[k], deps + [pe])
 
     # ---------------- memory: cumulative of held bytes per device
@@ -809,12 +836,18 @@ def build_tight_model(problem: Problem, ticks: Ticks, horizon: int, lower: int,
                 if y > 0 and t is not None:
                     hx = hint.offloads.get((s, mb)) if hint else None
                     on = hint is not None and hx is not None
-                    # held until the offload ends (+ delta), then again from the issue
-                    size = b.int_var(0, H, f"hz{s}_{mb}",
-                                     (b.hint[t["oe"]] + ticks.delta - T[f][0]) if on
+                    # held until the offload ends (+ delta; a waited one exactly: what
+                    # the device issues after it starts no sooner), then from the issue
+                    waited = hint is not None and (s, mb) in hint.waits
+                    freed = b.int_var(0, H + ticks.delta, f"fr{s}_{mb}",
+                                      (b.hint[t["oe"]] + (0 if waited else ticks.delta))
+                                      if hint else None)
+                    m_.add(freed == t["oe"] + ticks.delta - ticks.delta * t["w"])
+                    size = b.int_var(0, H + ticks.delta, f"hz{s}_{mb}",
+                                     (b.hint[freed] - T[f][0]) if on
                                      else (0 if hint else None))
                     intervals.append(m_.new_optional_interval_var(
-                        start[f], size, t["oe"] + ticks.delta, presence, "held"))
+                        start[f], size, freed, presence, "held"))
                     demands.append(y)
                     left = y
                     for (k, amt) in ends_by:
@@ -920,7 +953,7 @@ def _pick_hints(problem: Problem, ticks: Ticks, tight: bool, levels: Sequence[fl
                                placement=placement)
         if canon is None or (canon.offloads and not tight):
             continue
-        fingerprint = str([[a.key for a in acts] for acts in canon.actions])
+        fingerprint = str([[(a.key, a.wait) for a in acts] for acts in canon.actions])
         if fingerprint in seen:
             continue
         seen.add(fingerprint)
@@ -1247,5 +1280,6 @@ def _extract(problem: Problem, solver: cp_model.CpSolver, handles: _Vars,
         for c, r in handles.reload_choice[sm]:
             if solver.boolean_value(r):
                 after[sm] = c
+    waits = {sm for sm, w in handles.wait.items() if sm in offloads and solver.boolean_value(w)}
     return orders_from_starts(problem, starts, offloads=offloads, reload_after=after,
-                              name="optpipe")
+                              waits=waits, name="optpipe")

@@ -266,7 +266,8 @@ def solve(problem: Problem, *, solver: str = "auto", offload: bool | None = None
                               memory_binds=binds, proven=proven)
         if use_offload:
             refined = _refine_offloaded(problem, fixed, runs, split_backward, allowed,
-                                        t0 + time_limit, threads, union_bound, heartbeat)
+                                        t0 + time_limit, threads, union_bound,
+                                        _search_beat(live, fixed, split_backward))
             if refined:
                 notes.append(refined)
             best_fixed = _bar(fixed, use_offload, split_backward)
@@ -747,6 +748,23 @@ def _heartbeat(reporter: ProgressFn | None, t0: float, fixed: FixedSet, use_offl
     return beat
 
 
+def _search_beat(live: "_SearchProgress | None", fixed: FixedSet, split_backward: bool
+                 ) -> Callable[[], None] | None:
+    """Keeps the live line ticking after the search (the offloaded plans that use the
+    time it left): the search's bound stays on the line, the incumbent is the best
+    fitting schedule in hand (:func:`_heartbeat` is for before the search, with no
+    bound yet)."""
+    if live is None:
+        return None
+
+    def beat() -> None:
+        best = _bar(fixed, True, split_backward)
+        if best is not None:
+            live.best = best.makespan if live.best is None else min(live.best, best.makespan)
+        live.emit()
+    return beat
+
+
 def _resolve_offload(problem: Problem, offload: bool | None, fixed: FixedSet,
                      best_fixed: Candidate | None, split_backward: bool = True) -> bool:
     """Auto: offload when a faster fixed schedule exists that does not fit the budget;
@@ -1073,10 +1091,10 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
                               split_backward, levels,
                               progress.run("linear+offload") if progress else None, None)
             run.extra["space"] = "linear+offload"
-            # its bound covers schedules whose OFFLOADs do not hold the device back
-            # (the model's times are the simulator's without waits); a held-back one
-            # (pipeoffload's step 6) may be faster, so the placement keeps lb_linear
-            run.extra["bound_scope"] = "no waits"
+            # its bound covers its own space: an OFFLOAD that holds the device back
+            # comes right after its F there; one listed later holds back a later
+            # action, which may be faster, so the placement keeps lb_linear
+            run.extra["bound_scope"] = "waits right after the F"
             runs.append(run)
     return min(sp.bound for sp in spaces)
 
@@ -1116,9 +1134,10 @@ def _offload_bound(space: _Space, linear: float) -> float:
     bounds that hold with offload (``offload_bound``: no-memory, or the kept bytes'
     area, :func:`~.preprocess.offload_area_bound`), and one stage per device keeps
     ``linear`` (that, or the value its order model proved optimal at that bound). Not
-    the offload model's bound: that model's times are the simulator's without waits,
-    and an OFFLOAD that holds its device back (``wait``) can beat its optimum. Shared
-    by the search's end and the live line, so both state one rule.
+    the offload model's bound: in that model an OFFLOAD that holds its device back
+    (``wait``) comes right after its F, and one listed later, holding back a later
+    action, may beat its optimum. Shared by the search's end and the live line, so both
+    state one rule.
     """
     return max(linear, space.offload_bound) if space.label == "linear" \
         else space.offload_bound

@@ -11,7 +11,7 @@ counted. OFFLOADs go right after their F: issuing later never helps.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Collection, Mapping
 
 from optpipe.memory.accounting import duration
 from optpipe.problem import Problem
@@ -27,6 +27,7 @@ def orders_from_starts(problem: Problem, starts: Mapping[Key, float], *,
                        offloads: Mapping[tuple[int, int], float] | None = None,
                        reload_after: Mapping[tuple[int, int], Key] | None = None,
                        reload_issue: Mapping[tuple[int, int], float] | None = None,
+                       waits: Collection[tuple[int, int]] = (),
                        name: str = "optpipe",
                        provenance: dict[str, Any] | None = None,
                        placement: list[int] | None = None) -> Schedule:
@@ -39,7 +40,8 @@ def orders_from_starts(problem: Problem, starts: Mapping[Key, float], *,
     reload is placed after ``reload_after[(s, m)]`` when given, else after the last
     compute action on its device whose end (from ``starts`` in *seconds* and the
     problem's durations) is at or before ``reload_issue[(s, m)]`` (and never before its
-    OFFLOAD). Reloads after the same action keep microbatch order.
+    OFFLOAD). Reloads after the same action keep microbatch order. The OFFLOADs of
+    ``waits`` hold their device back (``wait``).
     """
     offloads = dict(offloads or {})
     D = problem.devices
@@ -72,7 +74,8 @@ def orders_from_starts(problem: Problem, starts: Mapping[Key, float], *,
         for i, k in enumerate(keys):
             seq.append(Action(*k))
             if k[0] is Op.F and (k[1], k[2]) in offloads:
-                seq.append(Action(Op.OFFLOAD, k[1], k[2], offloads[(k[1], k[2])]))
+                seq.append(Action(Op.OFFLOAD, k[1], k[2], offloads[(k[1], k[2])],
+                                  (k[1], k[2]) in waits))
             seq.extend(sorted(after.get(i, []), key=lambda a: a.microbatch))
         actions.append(seq)
     return Schedule(name=name, stages=len(place), devices=D,

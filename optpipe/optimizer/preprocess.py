@@ -1088,13 +1088,11 @@ def canonical_form(schedule: Schedule, problem: Problem, split_backward: bool = 
     ``split_backward`` (a fused BW becomes B then W at once: the same memory, and the
     same times unless ``backward_fused`` is shorter than B + W — then the hint is slower
     than its source, and the driver's bound covers fused schedules by a relaxation);
-    every OFFLOAD listed right after its F (issuing it later never helps); reloads in
-    microbatch order; fractions among ``offload_levels`` when given; no OFFLOAD that
-    holds its device back (``wait``: the engines' times are the simulator's without
-    waits, so such a schedule is no hint for them; the driver still compares it).
+    every OFFLOAD listed right after its F (issuing it later never helps; one that holds
+    its device back, ``wait``, then holds it back from there, which the simulator
+    judges again); reloads in microbatch order; fractions among ``offload_levels`` when
+    given.
     """
-    if any(a.wait for _, a in schedule):
-        return None
     want = list(placement) if placement is not None else linear_placement(problem.devices)
     if list(schedule.placement) != want:
         return None
@@ -1227,6 +1225,7 @@ def asap_ticks(schedule: Schedule, compute: Mapping[Key, int], lag: int,
     pointer = [0] * D
     stream = [0] * D
     last_compute = [0] * D
+    held = [0] * D                  # the end of the last OFFLOAD marked wait
     channel = {(d, op): 0 for d in range(D) for op in (Op.OFFLOAD, Op.RELOAD)}
     remaining = sum(len(a) for a in schedule.actions)
     while remaining:
@@ -1241,7 +1240,7 @@ def asap_ticks(schedule: Schedule, compute: Mapping[Key, int], lag: int,
                     break
                 ready = max((end[k] + lg for k, lg in deps), default=0)
                 if a.op.is_compute:
-                    issue = stream[d]
+                    issue = max(stream[d], held[d])
                     start = max(issue, ready)
                     length = compute.get(a.key)
                     if length is None:  # fused BW timed from a split graph
@@ -1249,10 +1248,12 @@ def asap_ticks(schedule: Schedule, compute: Mapping[Key, int], lag: int,
                     finish = start + length
                     stream[d] = last_compute[d] = finish
                 else:
-                    issue = last_compute[d]
+                    issue = max(last_compute[d], held[d])
                     start = max(issue, ready, channel[(d, a.op)])
                     finish = start + transfer[(a.op, s, a.fraction)]
                     channel[(d, a.op)] = finish
+                    if a.wait:
+                        held[d] = finish
                 end[a.key] = finish
                 out[a.key] = (start, finish, issue)
                 pointer[d] += 1
