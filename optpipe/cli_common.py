@@ -330,10 +330,10 @@ def infeasible_remedy(problem: Problem, args: argparse.Namespace) -> str:
     options they used: the optimizer's message says which device needs how much, and
     this says which knob lowers that need (static memory and activations answer to
     different ones)."""
-    over = [d for d in range(problem.devices) if problem.static[d] >= problem.budget[d]]
     if getattr(args, "problem", None):
         return ("to fit, raise the budget (--mem, or the problem file's budget) or split "
                 "the model over more stages")
+    over = [d for d in range(problem.devices) if problem.static[d] >= problem.budget[d]]
     if over:
         d = over[0]
         return (f"device {d}'s static memory alone (weights, gradients and optimizer state, "

@@ -667,6 +667,18 @@ def build_tight_model(problem: Problem, ticks: Ticks, horizon: int, lower: int,
     offloaded: dict[tuple[int, int], Any] = {}
     reload_end0: dict[tuple[int, int], Any] = {}      # reload end if offloaded, else 0
     transfer_vars: dict[tuple[int, int], dict[str, Any]] = {}
+
+    def equals_after(var: Any, c: Key, lit: Any) -> None:
+        """``var`` is the time the device issues what it lists after compute action
+        ``c`` (when ``lit``): ``c``'s end, or, after an F whose OFFLOAD holds the device
+        back, that offload's end (>= the F's end)."""
+        held = transfer_vars.get((c[1], c[2])) if c[0] is Op.F else None
+        if held is None:
+            m_.add(var == end(c)).only_enforce_if(lit)
+        else:
+            m_.add(var == end(c)).only_enforce_if([lit, ~held["w"]])
+            m_.add(var == held["oe"]).only_enforce_if([lit, held["w"]])
+
     arcs_total = 0
     for s in range(S):
         if problem.activation[s] == 0:
@@ -703,7 +715,14 @@ def build_tight_model(problem: Problem, ticks: Ticks, horizon: int, lower: int,
             off_iv = m_.new_optional_interval_var(os_, osz, oe, o, f"OFF{s}_{mb}")
             cf = _running_max(b, cf, oe, o, H, f"cf{s}_{mb + 1}",
                               (b.hint[oe] if h_on else 0) if hint else None)
-            transfer_vars[(s, mb)] = {"oe": oe, "lits": lits, "o": o, "w": w, "off": off_iv}
+            # its bytes count as freed delta ticks after its end; a waited one's exactly
+            # then: whatever the device issues after it starts no sooner in the simulator
+            freed = b.int_var(0, H + ticks.delta, f"fr{s}_{mb}",
+                              (b.hint[oe] + (0 if (s, mb) in hint.waits else ticks.delta))
+                              if hint else None)
+            m_.add(freed == oe + ticks.delta - ticks.delta * w)
+            transfer_vars[(s, mb)] = {"oe": oe, "freed": freed, "lits": lits, "o": o,
+                                      "w": w, "off": off_iv}
         rcf = b.int_var(0, 0, f"rcf{s}_0", 0)         # reload channel free
         li = b.int_var(0, 0, f"li{s}_0", 0)           # latest reload issue so far
         for mb in range(M):
@@ -725,12 +744,7 @@ def build_tight_model(problem: Problem, ticks: Ticks, horizon: int, lower: int,
             for c in cands:
                 r = b.bool_var(f"r{s}_{mb}_{c[0].value}{c[2]}",
                                (c == h_after) if hint else None)
-                held = transfer_vars[(s, c[2])] if c[0] is Op.F else None
-                if held is None:
-                    m_.add(iss == end(c)).only_enforce_if(r)
-                else:
-                    m_.add(iss == end(c)).only_enforce_if([r, ~held["w"]])
-                    m_.add(iss == held["oe"]).only_enforce_if([r, held["w"]])
+                equals_after(iss, c, r)
                 choice.append((c, r))
             out.reload_choice[(s, mb)] = choice
             m_.add(sum(r for _, r in choice) == o)
@@ -793,12 +807,7 @@ def build_tight_model(problem: Problem, ticks: Ticks, horizon: int, lower: int,
                 h_pe = b.hint[transfer_vars[(s, pred[2])]["oe"]]   # held back until then
             pe = b.int_var(0, H, f"pe{s}_{op.value}{mb}", h_pe)
             for i_key, lit in incoming[k]:
-                held = transfer_vars.get((s, i_key[2])) if i_key[0] is Op.F else None
-                if held is None:
-                    m_.add(pe == end(i_key)).only_enforce_if(lit)
-                else:                 # after a waited offload: its end (>= the F's end)
-                    m_.add(pe == end(i_key)).only_enforce_if([lit, ~held["w"]])
-                    m_.add(pe == held["oe"]).only_enforce_if([lit, held["w"]])
+                equals_after(pe, i_key, lit)
             m_.add_max_equality(start[k], deps + [pe])
 
     # ---------------- memory: cumulative of held bytes per device
@@ -836,18 +845,12 @@ def build_tight_model(problem: Problem, ticks: Ticks, horizon: int, lower: int,
                 if y > 0 and t is not None:
                     hx = hint.offloads.get((s, mb)) if hint else None
                     on = hint is not None and hx is not None
-                    # held until the offload ends (+ delta; a waited one exactly: what
-                    # the device issues after it starts no sooner), then from the issue
-                    waited = hint is not None and (s, mb) in hint.waits
-                    freed = b.int_var(0, H + ticks.delta, f"fr{s}_{mb}",
-                                      (b.hint[t["oe"]] + (0 if waited else ticks.delta))
-                                      if hint else None)
-                    m_.add(freed == t["oe"] + ticks.delta - ticks.delta * t["w"])
+                    # held until the offload frees it, then again from the issue
                     size = b.int_var(0, H + ticks.delta, f"hz{s}_{mb}",
-                                     (b.hint[freed] - T[f][0]) if on
+                                     (b.hint[t["freed"]] - T[f][0]) if on
                                      else (0 if hint else None))
                     intervals.append(m_.new_optional_interval_var(
-                        start[f], size, freed, presence, "held"))
+                        start[f], size, t["freed"], presence, "held"))
                     demands.append(y)
                     left = y
                     for (k, amt) in ends_by:
