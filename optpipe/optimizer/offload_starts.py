@@ -53,7 +53,7 @@ SEARCHED_FACTORS = (2.25, 2.0, 1.75, 2.5)
 #: default (1) first, the others once every factor has had one. Why: where the looser
 #: budget leaves many optimal orders, the seed picks the one returned, and the fitting
 #: keeps some of them whole and slows others (4 x 8 at S/2, V shape at 2.25 x, 5 s each,
-#: 2026-12-04: seeds 0, 3, 4 and 5 fit at 25.65 s, the no-memory bound; seed 1 at 33.65
+#: by hand, 2026-12-04: seeds 0, 3, 4 and 5 fit at 25.65 s, the no-memory bound; seed 1 at 33.65
 #: s; seed 2 at 25.9 s).
 PLAN_SEEDS = (1, 0, 2, 3)
 
