@@ -10,7 +10,7 @@ import pytest
 
 from optpipe.optimizer.cpsat import solve_cpsat, solve_reach
 from optpipe.optimizer.extend import first_microbatches
-from optpipe.optimizer.prefix import PrefixCuts, prefix_cuts
+from optpipe.optimizer.prefix import PrefixCuts, ladder, prefix_cuts
 from optpipe.optimizer.preprocess import fixed_schedules, memory_bound, task_graph
 from optpipe.problem import uniform_problem
 from optpipe.schedule import Op, linear_placement, v_placement
@@ -144,3 +144,42 @@ def test_the_largest_piece_can_be_smaller() -> None:
                         time_limit=20, placement=place, decompose=False)
     assert plain.status == "optimal"
     assert 0 < cuts.makespan_bound(6) <= plain.objective + 1e-6
+
+
+def test_the_ladder_halves_down_to_the_largest_piece() -> None:
+    assert ladder(64, 16) == [32]
+    assert ladder(128, 16) == [32, 64]
+    assert ladder(63, 16) == [31, 32]
+    assert ladder(100, 16) == [25, 50]
+    assert ladder(33, 16) == [17]
+    assert ladder(32, 16) == [] and ladder(16, 16) == []
+
+
+def test_ladder_pieces_proven_with_the_smaller_cuts_stay_valid() -> None:
+    """4 x 12 at half of 1F1B's memory, pieces up to 3 and the ladder's 6: ``reach[6]``
+    and ``whole[6]``, proven with the smaller pieces' cuts in their models, equal what
+    CP-SAT proves for them without cuts; the chain (two links now instead of four)
+    rises above the small pieces' and stays below the whole problem's optimum."""
+    problem = uniform_problem(4, 12, forward=1.0, backward_input=1.0, backward_weight=1.0,
+                              p2p=0.05, activation=2, freed_by_b=1,
+                              static=0).activation_budget(2)
+    place = linear_placement(4)
+    small = prefix_cuts(problem, place, True, time_limit=60, hints=_hints(place, True),
+                        largest=3)
+    assert max(small.whole) == 6 and max(small.reach) == 6 and 6 in small.exact
+    for n in (6, 7):
+        piece = replace(problem, microbatches=n)
+        hints = placement_hints(piece, place, True, None)
+        if n == 6:
+            alone = solve_cpsat(piece, warm_start=hints, time_limit=30, decompose=False)
+            assert alone.status == "optimal"
+            assert small.whole[6] == pytest.approx(alone.objective)
+        else:
+            alone_reach = solve_reach(piece, warm_start=hints, time_limit=30)
+            assert small.reach[6] == pytest.approx(alone_reach)
+    without = PrefixCuts(reach={d: r for d, r in small.reach.items() if d <= 3},
+                         whole={n: w for n, w in small.whole.items() if n <= 3})
+    plain = solve_cpsat(problem, warm_start=placement_hints(problem, place, True, None),
+                        time_limit=60, decompose=False)
+    assert plain.status == "optimal"
+    assert without.makespan_bound(12) < small.makespan_bound(12) <= plain.objective + 1e-6

@@ -63,13 +63,15 @@ _PACKAGE = Path(__file__).resolve().parent.parent
 #: :data:`~.offload_starts.PLAN_SEEDS`, and with offload a bound from the kept bytes'
 #: area, :func:`~.preprocess.offload_area_bound`, which skips one stage per device's
 #: offload model where it cannot win, and that model's OFFLOADs may hold the device
-#: back, so held-back schedules are its hints). A cached schedule from an older search that
+#: back, so held-back schedules are its hints; 24: one stage per device's prefix cuts
+#: also solve pieces of half the microbatches, with the smaller pieces' cuts in their
+#: models, :func:`~.prefix.ladder`). A cached schedule from an older search that
 #: was not proven optimal is solved again: the same problem and time limit may now
 #: give a faster one. Not bumped for the warm-up memory
 #: bound (2026-12-01): it proves more but searches the same way (the window search
 #: still keys on the round trip), so a cached answer would come back no faster; its
 #: stored bound is true, only weaker.
-SEARCH_REVISION = 23
+SEARCH_REVISION = 24
 
 
 def cache_dir() -> Path:

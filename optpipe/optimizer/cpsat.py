@@ -1238,7 +1238,8 @@ def _closing_run(problem: Problem, ticks: Ticks, timed: Hint, lower: int,
 
 def solve_reach(problem: Problem, *, warm_start: Sequence[Schedule], time_limit: float,
                 threads: int = 2, split_backward: bool = True,
-                placement: Sequence[int] | None = None) -> float | None:
+                placement: Sequence[int] | None = None,
+                cuts: "PrefixCuts | None" = None) -> float | None:
     """A proven lower bound on the start of the last microbatch's first forward,
     ``F(0, M - 1)``, over every schedule of ``problem`` (seconds; None without a hint).
 
@@ -1246,7 +1247,8 @@ def solve_reach(problem: Problem, *, warm_start: Sequence[Schedule], time_limit:
     is the order model with that start as the objective; its horizon is one no
     schedule's re-timing exceeds (the summed work and lags: every path of the ASAP
     re-timing of some optimal order visits each task once), so the horizon cuts off no
-    optimum and the bound holds.
+    optimum and the bound holds. ``cuts``: what fewer microbatches proved
+    (:mod:`.prefix`), valid here too; they make the large pieces' proofs cheap.
     """
     if placement is not None and list(placement) == list(range(problem.devices)):
         placement = None
@@ -1257,7 +1259,8 @@ def solve_reach(problem: Problem, *, warm_start: Sequence[Schedule], time_limit:
         return None
     g = ticks.graph
     safe = int(sum(g.duration.values()) + len(g.keys) * g.lag) + 1
-    builder, handles = build_order_model(problem, ticks, max(safe, hint.makespan), 0, hint)
+    builder, handles = build_order_model(problem, ticks, max(safe, hint.makespan), 0, hint,
+                                         cuts=cuts)
     target = handles.start[(Op.F, 0, problem.microbatches - 1)]
     builder.model.minimize(target)
     builder.add_hints()

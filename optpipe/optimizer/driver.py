@@ -26,7 +26,8 @@ from typing import Any, Callable, Sequence
 from optpipe.errors import InfeasibleError, OptPipeError
 from optpipe.optimizer import cache as cache_mod
 from optpipe.optimizer.gcpause import with_fewer_collections
-from optpipe.optimizer.prefix import MAX_PIECE, PrefixCuts, prefix_cuts, truncated_hints
+from optpipe.optimizer.prefix import (MAX_PIECE, PrefixCuts, ladder, prefix_cuts,
+                                      truncated_hints)
 from optpipe.optimizer.preprocess import (Candidate, FixedSet, fixed_schedules,
                                           infeasible_devices, lower_bound, memory_bound,
                                           min_budgets, offload_area_bound, task_graph)
@@ -70,6 +71,9 @@ PERIODIC_MAX_SECONDS = 3.0
 PERIODIC_MIN_LOSS = 0.05
 #: Share of one stage per device's first run that its prefix cuts (:mod:`.prefix`) may use.
 CUTS_SHARE = 0.25
+#: The same where pieces above MAX_PIECE are solved too (:func:`~.prefix.ladder`): at
+#: 8 x 64, S/2, 25% left ``reach[32]`` unproven (a bound 3.2 s under its value).
+LADDER_CUTS_SHARE = 0.4
 #: Fitting schedules whose first microbatches hint each piece of the prefix cuts.
 HINTS_PER_PIECE = 3
 #: Share of the time limit for extended schedules (:mod:`.extend`), when they are built.
@@ -1051,7 +1055,9 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
                 began = time.monotonic()
                 # _cuts_pay admits only "linear", whose space is the problem's own
                 # split: the one the extended schedules' sources were proven on
-                cuts[space.label] = _prefix_cuts(problem, space, fixed, limit * CUTS_SHARE,
+                share = LADDER_CUTS_SHARE if ladder(problem.microbatches, MAX_PIECE) \
+                    else CUTS_SHARE
+                cuts[space.label] = _prefix_cuts(problem, space, fixed, limit * share,
                                                  threads, progress, proven)
                 space.bound = max(space.bound,
                                   cuts[space.label].makespan_bound(problem.microbatches))

@@ -35,8 +35,11 @@ from optpipe.optimizer.result import OPTIMAL
 from optpipe.problem import Problem
 from optpipe.schedule import Schedule
 
-#: The largest sub-problem solved (microbatches): beyond it a proof takes too long.
+#: The largest sub-problem solved from scratch (microbatches): beyond it a proof takes
+#: too long without cuts of its own.
 MAX_PIECE = 16
+#: Share of the cuts' time kept for the ladder's pieces (:func:`ladder`), when there are any.
+LADDER_SHARE = 0.5
 
 
 @dataclass
@@ -81,6 +84,27 @@ def truncated_hints(schedules: Sequence[Schedule]) -> Callable[[Problem], list[S
     return hints
 
 
+def ladder(microbatches: int, largest: int) -> list[int]:
+    """Piece sizes above ``largest`` worth solving with the smaller pieces' cuts in their
+    models: ``M / 2``, ``M / 4``, ... (rounded both ways) while above ``largest``,
+    smallest first, so that each is proven with the cuts of the one below.
+
+    Why: a chain of pieces loses a warm-up per link (each piece starts from an empty
+    pipeline), and with pieces up to 16 microbatches a chain over 64 has four links:
+    at 4 x 64, S/2, 319.5 s against the optimum 327.6 s. Two links lose one warm-up:
+    ``reach[32] + whole[32]`` = 324.9 s. Those pieces are too slow to prove from
+    scratch in the cuts' time, but with the smaller pieces' cuts in their models CP-SAT
+    proves them in 1-7 s (by hand: ``reach[32]`` at 4 stages in 4.0 s against 8.9 s
+    without; docs/optimizer.md, "Prefix cuts")."""
+    sizes: set[int] = set()
+    level = [microbatches]
+    while level:
+        halves = {h for m in level for h in (m // 2, m - m // 2) if h > largest}
+        sizes |= halves
+        level = sorted(halves)
+    return sorted(n for n in sizes if n < microbatches)
+
+
 def prefix_cuts(problem: Problem, placement: Sequence[int] | None, split_backward: bool,
                 *, time_limit: float, threads: int = 2,
                 hints: Callable[[Problem], list[Schedule]],
@@ -98,7 +122,10 @@ def prefix_cuts(problem: Problem, placement: Sequence[int] | None, split_backwar
     :func:`~.extend.extended_schedules`); it is kept, and the pieces it solved to
     optimality are not solved again (at 16 x 32, S/2, the 16-microbatch optimum took
     3-14 s). ``largest``: the largest piece; on the chunked placements, whose pieces
-    take longer to prove, 8 (``scripts/bench_chunked_proofs.py``)."""
+    take longer to prove, 8 (``scripts/bench_chunked_proofs.py``). Then, in what is
+    left (at least :data:`LADDER_SHARE` of ``time_limit``), the :func:`ladder`'s
+    larger pieces, each with the cuts so far in its model: ``whole[n]`` (often proven
+    quickly, or already ``known``) before ``reach[n]``."""
     from optpipe.optimizer.cpsat import NoHint, solve_cpsat, solve_reach
 
     t0 = time.monotonic()
@@ -106,38 +133,52 @@ def prefix_cuts(problem: Problem, placement: Sequence[int] | None, split_backwar
         PrefixCuts(whole=dict(known.whole), exact=set(known.exact))
     M = problem.microbatches
     top = min(largest, M - 1)
+
+    def open_(task: tuple[str, int]) -> bool:
+        return not (task[0] == "whole" and task[1] in cuts.exact)
     tasks: list[tuple[str, int]] = []
     for n in range(top, 0, -1):
         for task in (("whole", n), ("reach", M - n), ("reach", n), ("whole", M - n)):
-            if 0 < task[1] <= top and task not in tasks and \
-                    not (task[0] == "whole" and task[1] in cuts.exact):
+            if 0 < task[1] <= top and task not in tasks and open_(task):
                 tasks.append(task)
-    for kind, n in tasks:
-        left = time_limit - (time.monotonic() - t0)
-        if left <= 0.05:
-            break
-        piece = n if kind == "whole" else n + 1
-        smaller = replace(problem, microbatches=piece)
+    rungs = [task for n in ladder(M, top) for task in (("whole", n), ("reach", n))
+             if open_(task)]
+    base_limit = time_limit * (1 - LADDER_SHARE) if rungs else time_limit
+
+    def solve_piece(kind: str, n: int, share: float, with_cuts: bool) -> None:
+        smaller = replace(problem, microbatches=n if kind == "whole" else n + 1)
         starts = hints(smaller)
         if not starts:
-            continue
-        # what is left, front-loaded: the pieces still to solve sum to about
-        # piece^2 microbatches, and a proof's cost grows faster than its size
-        share = left * min(1.0, 4 / (piece + 1))
+            return
         if kind == "whole":
             try:
                 run = solve_cpsat(smaller, warm_start=starts, time_limit=share,
                                   threads=threads, split_backward=split_backward,
-                                  placement=placement, decompose=False)
+                                  placement=placement, decompose=False,
+                                  cuts=cuts if with_cuts else None)
             except NoHint:
-                continue
+                return
             cuts.record_whole(n, run.bound, run.status == OPTIMAL)
         else:
             reach = solve_reach(smaller, warm_start=starts, time_limit=share,
                                 threads=threads, split_backward=split_backward,
-                                placement=placement)
+                                placement=placement, cuts=cuts if with_cuts else None)
             if reach is not None:
-                cuts.reach[n] = reach
+                cuts.reach[n] = max(cuts.reach.get(n, 0.0), reach)
         if heartbeat is not None:
             heartbeat()
+
+    for kind, n in tasks:
+        left = base_limit - (time.monotonic() - t0)
+        if left <= 0.05:
+            break
+        # what is left, front-loaded: the pieces still to solve sum to about
+        # piece^2 microbatches, and a proof's cost grows faster than its size
+        piece = n if kind == "whole" else n + 1
+        solve_piece(kind, n, left * min(1.0, 4 / (piece + 1)), False)
+    for i, (kind, n) in enumerate(rungs):
+        left = time_limit - (time.monotonic() - t0)
+        if left <= 0.05:
+            break
+        solve_piece(kind, n, left / (len(rungs) - i), True)
     return cuts
