@@ -12,7 +12,7 @@ from optpipe.optimizer.cpsat import solve_cpsat, solve_reach
 from optpipe.optimizer.extend import first_microbatches
 from optpipe.optimizer.prefix import PrefixCuts, ladder, prefix_cuts
 from optpipe.optimizer.preprocess import fixed_schedules, memory_bound, task_graph
-from optpipe.problem import uniform_problem
+from optpipe.problem import Problem, uniform_problem
 from optpipe.schedule import Op, linear_placement, v_placement
 from optpipe.simulator import simulate
 from test_optimizer_preprocess import placement_hints, random_problem
@@ -34,6 +34,14 @@ def test_first_microbatches_is_a_valid_smaller_schedule() -> None:
         smaller = first_microbatches(c.schedule, 2)
         result = simulate(replace(problem, microbatches=2), smaller)
         assert result.fits and result.makespan <= c.makespan + 1e-9
+
+
+def _half_budget(microbatches: int) -> Problem:
+    """4 uniform stages (F = B = W = 1 s, p2p 0.05 s) with room for 2 activations (half
+    of 1F1B's memory): memory binds hard."""
+    return uniform_problem(4, microbatches, forward=1.0, backward_input=1.0,
+                           backward_weight=1.0, p2p=0.05, activation=2, freed_by_b=1,
+                           static=0).activation_budget(2)
 
 
 def _hints(place, split):
@@ -70,9 +78,7 @@ def test_cuts_never_exceed_the_optimum(seed: int, shape: str) -> None:
 def test_cuts_add_to_the_memory_bound_where_memory_binds() -> None:
     """4 stages, 20 microbatches, half of 1F1B's memory: the pieces' chain is above the
     memory round-trip bound (which misses the waits inside the round trip)."""
-    problem = uniform_problem(4, 20, forward=1.0, backward_input=1.0, backward_weight=1.0,
-                              p2p=0.05, activation=2, freed_by_b=1,
-                              static=0).activation_budget(2)
+    problem = _half_budget(20)
     place = linear_placement(4)
     cuts = prefix_cuts(problem, place, True, time_limit=20, hints=_hints(place, True))
     assert cuts.makespan_bound(20) > memory_bound(task_graph(problem)) + 1e-6
@@ -87,9 +93,7 @@ def test_driver_starts_one_stage_per_device_from_its_cuts() -> None:
     cuts before the run: the run's lower bound is above the memory bound."""
     from optpipe.optimizer.driver import solve
 
-    problem = uniform_problem(4, 20, forward=1.0, backward_input=1.0, backward_weight=1.0,
-                              p2p=0.05, activation=2, freed_by_b=1,
-                              static=0).activation_budget(2)
+    problem = _half_budget(20)
     res = solve(problem, offload=False, placements=["linear"], time_limit=20, cache=False,
                 progress=False)
     linear = [r for r in res.runs if r.extra.get("space") == "linear"]
@@ -102,9 +106,7 @@ def test_pieces_already_proven_are_not_solved_again(monkeypatch) -> None:
     it (``known``) instead of solving that piece again, and keep its value."""
     import optpipe.optimizer.cpsat as cpsat
 
-    problem = uniform_problem(4, 20, forward=1.0, backward_input=1.0, backward_weight=1.0,
-                              p2p=0.05, activation=2, freed_by_b=1,
-                              static=0).activation_budget(2)
+    problem = _half_budget(20)
     place = linear_placement(4)
     sixteen = replace(problem, microbatches=16)
     run = solve_cpsat(sixteen, warm_start=placement_hints(sixteen, place, True, None),
@@ -132,9 +134,7 @@ def test_the_largest_piece_can_be_smaller() -> None:
     """``largest`` caps the pieces (the chunked placements' are slower to prove): on the
     V shape at 4 x 6, pieces up to 3 are solved and proven, none larger, and their
     chain still bounds the whole problem's optimum from below."""
-    problem = uniform_problem(4, 6, forward=1.0, backward_input=1.0, backward_weight=1.0,
-                              p2p=0.05, activation=2, freed_by_b=1,
-                              static=0).activation_budget(2)
+    problem = _half_budget(6)
     place = v_placement(4)
     cuts = prefix_cuts(problem, place, True, time_limit=20, hints=_hints(place, True),
                        largest=3)
@@ -160,9 +160,7 @@ def test_ladder_pieces_proven_with_the_smaller_cuts_stay_valid() -> None:
     and ``whole[6]``, proven with the smaller pieces' cuts in their models, equal what
     CP-SAT proves for them without cuts; the chain (two links now instead of four)
     rises above the small pieces' and stays below the whole problem's optimum."""
-    problem = uniform_problem(4, 12, forward=1.0, backward_input=1.0, backward_weight=1.0,
-                              p2p=0.05, activation=2, freed_by_b=1,
-                              static=0).activation_budget(2)
+    problem = _half_budget(12)
     place = linear_placement(4)
     small = prefix_cuts(problem, place, True, time_limit=60, hints=_hints(place, True),
                         largest=3)
