@@ -381,6 +381,30 @@ def test_the_full_model_gets_the_time_the_windows_leave(monkeypatch: pytest.Monk
     assert sim.fits and sim.makespan == pytest.approx(result.objective, rel=1e-6)
 
 
+def test_the_full_model_gets_the_time_the_microbatch_windows_leave(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same for one stage per device, whose windows are microbatch windows where
+    memory binds: 4 x 16 at half of 1F1B's memory (optimum 82.8 s, proven in seconds);
+    the full model's first share is patched to nothing, so the windows take over, stop
+    once a sweep finds nothing, and the closing run proves the answer."""
+    from optpipe.optimizer import cpsat
+
+    monkeypatch.setattr(cpsat, "DECOMPOSE_MIN_CELLS", 1)
+    monkeypatch.setattr(cpsat, "FULL_SHARE", 1e-4)
+    problem = uniform_problem(4, 16, forward=1.0, backward_input=1.0, backward_weight=1.0,
+                              p2p=0.05, activation=1000, freed_by_b=500).activation_budget(2)
+    pool = [c.schedule for c in sorted(fixed_schedules(problem).candidates,
+                                       key=lambda c: c.makespan)
+            if c.fits and c.schedule.chunks == 1 and not c.schedule.offloads]
+    result = solve_cpsat(problem, warm_start=pool, time_limit=40, threads=2)
+    assert result.extra.get("window_steps", 0) >= 1
+    assert result.extra.get("closing_run") == "OPTIMAL"
+    assert result.status == OPTIMAL
+    assert result.objective == pytest.approx(82.8)
+    sim = simulate(problem, result.schedule)
+    assert sim.fits and sim.makespan == pytest.approx(result.objective, rel=1e-6)
+
+
 def test_a_relaxation_to_some_devices_capacity_bounds_the_whole_model() -> None:
     """``build_order_model(..., capacity=)`` models one task at a time and memory on the
     named devices only, so its optimum never exceeds the whole model's, grows as devices

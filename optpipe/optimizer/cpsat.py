@@ -1141,13 +1141,18 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
             timed, stats = time_window_search(problem, ticks, timed, **common,
                                               proof_seconds=full_model_start)
             extra.update(_time_window_extra(stats))
-            if timed.makespan > best_bound and \
-                    deadline - time.monotonic() > 1 + full_model_start:
-                timed, closing_bound, extra["closing_run"], proven = _closing_run(
-                    problem, ticks, timed, lower, cuts, deadline, threads)
-                best_bound = max(best_bound, closing_bound)
-                if proven:
-                    status = OPTIMAL
+        # windows that stop finding shorter schedules before the deadline leave the
+        # rest to the full model: a proof attempt (4 x 64 at S/2, one stage per device:
+        # the microbatch windows stalled after 25 steps, 10 s, and the driver then
+        # restarted the full model for a second run of 10 s, again 40% of it before
+        # windows that found nothing)
+        if timed.makespan > best_bound and \
+                deadline - time.monotonic() > 1 + full_model_start:
+            timed, closing_bound, extra["closing_run"], proven = _closing_run(
+                problem, ticks, timed, lower, cuts, deadline, threads)
+            best_bound = max(best_bound, closing_bound)
+            if proven:
+                status = OPTIMAL
         schedule = timed.schedule
         extra["window_gain"] = (before - timed.makespan) / ticks.scale
         raw = min(raw, timed.makespan)
