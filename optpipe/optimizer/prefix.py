@@ -134,15 +134,17 @@ def prefix_cuts(problem: Problem, placement: Sequence[int] | None, split_backwar
     M = problem.microbatches
     top = min(largest, M - 1)
 
-    def open_(task: tuple[str, int]) -> bool:
+    def unproven(task: tuple[str, int]) -> bool:
+        """Worth solving: not a ``whole`` piece ``known`` already proved exactly."""
         return not (task[0] == "whole" and task[1] in cuts.exact)
+
     tasks: list[tuple[str, int]] = []
     for n in range(top, 0, -1):
         for task in (("whole", n), ("reach", M - n), ("reach", n), ("whole", M - n)):
-            if 0 < task[1] <= top and task not in tasks and open_(task):
+            if 0 < task[1] <= top and task not in tasks and unproven(task):
                 tasks.append(task)
     rungs = [task for n in ladder(M, top) for task in (("whole", n), ("reach", n))
-             if open_(task)]
+             if unproven(task)]
     base_limit = time_limit * (1 - LADDER_SHARE) if rungs else time_limit
 
     def solve_piece(kind: str, n: int, share: float, with_cuts: bool) -> None:
