@@ -97,11 +97,11 @@ def ladder(microbatches: int, largest: int) -> list[int]:
     proves them in 1-7 s (by hand: ``reach[32]`` at 4 stages in 4.0 s against 8.9 s
     without; docs/optimizer.md, "Prefix cuts")."""
     sizes: set[int] = set()
-    level = [microbatches]
+    level = {microbatches}
     while level:
         halves = {h for m in level for h in (m // 2, m - m // 2) if h > largest}
         sizes |= halves
-        level = sorted(halves)
+        level = halves
     return sorted(n for n in sizes if n < microbatches)
 
 
@@ -147,8 +147,12 @@ def prefix_cuts(problem: Problem, placement: Sequence[int] | None, split_backwar
              if unproven(task)]
     base_limit = time_limit * (1 - LADDER_SHARE) if rungs else time_limit
 
-    def solve_piece(kind: str, n: int, share: float, with_cuts: bool) -> None:
-        smaller = replace(problem, microbatches=n if kind == "whole" else n + 1)
+    def size(kind: str, n: int) -> int:
+        """Microbatches of the piece: ``reach[n]`` is a start in ``n + 1``."""
+        return n if kind == "whole" else n + 1
+
+    def solve_piece(kind: str, n: int, share: float, model_cuts: PrefixCuts | None) -> None:
+        smaller = replace(problem, microbatches=size(kind, n))
         starts = hints(smaller)
         if not starts:
             return
@@ -157,16 +161,16 @@ def prefix_cuts(problem: Problem, placement: Sequence[int] | None, split_backwar
                 run = solve_cpsat(smaller, warm_start=starts, time_limit=share,
                                   threads=threads, split_backward=split_backward,
                                   placement=placement, decompose=False,
-                                  cuts=cuts if with_cuts else None)
+                                  cuts=model_cuts)
             except NoHint:
                 return
             cuts.record_whole(n, run.bound, run.status == OPTIMAL)
         else:
             reach = solve_reach(smaller, warm_start=starts, time_limit=share,
                                 threads=threads, split_backward=split_backward,
-                                placement=placement, cuts=cuts if with_cuts else None)
+                                placement=placement, cuts=model_cuts)
             if reach is not None:
-                cuts.reach[n] = max(cuts.reach.get(n, 0.0), reach)
+                cuts.reach[n] = reach
         if heartbeat is not None:
             heartbeat()
 
@@ -176,11 +180,10 @@ def prefix_cuts(problem: Problem, placement: Sequence[int] | None, split_backwar
             break
         # what is left, front-loaded: the pieces still to solve sum to about
         # piece^2 microbatches, and a proof's cost grows faster than its size
-        piece = n if kind == "whole" else n + 1
-        solve_piece(kind, n, left * min(1.0, 4 / (piece + 1)), False)
+        solve_piece(kind, n, left * min(1.0, 4 / (size(kind, n) + 1)), None)
     for i, (kind, n) in enumerate(rungs):
         left = time_limit - (time.monotonic() - t0)
         if left <= 0.05:
             break
-        solve_piece(kind, n, left / (len(rungs) - i), True)
+        solve_piece(kind, n, left / (len(rungs) - i), cuts)
     return cuts
