@@ -405,6 +405,27 @@ def test_the_full_model_gets_the_time_the_microbatch_windows_leave(
     assert sim.fits and sim.makespan == pytest.approx(result.objective, rel=1e-6)
 
 
+def test_a_hint_near_the_bound_leaves_the_proof_to_the_full_model(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The problem of the test above, whose windows run when the full model's share is
+    nothing; with the hint counted as near the bound (``WINDOWLESS_GAP`` widened) no
+    window runs: the full model gets the whole time and proves the optimum."""
+    from optpipe.optimizer import cpsat
+
+    monkeypatch.setattr(cpsat, "DECOMPOSE_MIN_CELLS", 1)
+    monkeypatch.setattr(cpsat, "FULL_SHARE", 1e-4)
+    monkeypatch.setattr(cpsat, "WINDOWLESS_GAP", 1.0)
+    problem = uniform_problem(4, 16, forward=1.0, backward_input=1.0, backward_weight=1.0,
+                              p2p=0.05, activation=1000, freed_by_b=500).activation_budget(2)
+    pool = [c.schedule for c in sorted(fixed_schedules(problem).candidates,
+                                       key=lambda c: c.makespan)
+            if c.fits and c.schedule.chunks == 1 and not c.schedule.offloads]
+    result = solve_cpsat(problem, warm_start=pool, time_limit=40, threads=2)
+    assert "window_steps" not in result.extra and "closing_run" not in result.extra
+    assert result.status == OPTIMAL
+    assert result.objective == pytest.approx(82.8)
+
+
 def test_a_relaxation_to_some_devices_capacity_bounds_the_whole_model() -> None:
     """``build_order_model(..., capacity=)`` models one task at a time and memory on the
     named devices only, so its optimum never exceeds the whole model's, grows as devices

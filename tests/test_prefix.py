@@ -66,8 +66,17 @@ def test_cuts_never_exceed_the_optimum(seed: int, shape: str) -> None:
     assert cuts.makespan_bound(problem.microbatches) <= plain.objective + 1e-6
     # the least reach of F(0, M-1) is no later than where the optimum starts it
     reach = solve_reach(problem, warm_start=hints, time_limit=20, placement=place)
-    start = {r.action.key: r.start for r in simulate(problem, plain.schedule).records}
+    records = simulate(problem, plain.schedule).records
+    start = {r.action.key: r.start for r in records}
     assert reach is not None and reach <= start[(Op.F, 0, problem.microbatches - 1)] + 1e-6
+    # every window of n microbatches in the optimum takes at least whole[n], from its
+    # first forward until its last microbatch is done
+    done: dict[int, float] = {}
+    for r in records:
+        done[r.action.key[2]] = max(done.get(r.action.key[2], 0.0), r.end)
+    for n, whole in cuts.whole.items():
+        for i in range(problem.microbatches - n + 1):
+            assert done[i + n - 1] - start[(Op.F, 0, i)] >= whole - 1e-6
     # and in the model they cut off no optimum
     cut = solve_cpsat(problem, warm_start=hints, time_limit=20, placement=place,
                       decompose=False, cuts=cuts)

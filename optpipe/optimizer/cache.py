@@ -65,13 +65,17 @@ _PACKAGE = Path(__file__).resolve().parent.parent
 #: offload model where it cannot win, and that model's OFFLOADs may hold the device
 #: back, so held-back schedules are its hints; 24: one stage per device's prefix cuts
 #: also solve pieces of half the microbatches, with the smaller pieces' cuts in their
-#: models, :func:`~.prefix.ladder`). A cached schedule from an older search that
+#: models, :func:`~.prefix.ladder`; 25: the prefix cuts also bound every window of
+#: ``n`` microbatches, from its first forward until its last microbatch is done, which
+#: prunes the proof, and one stage per device skips the microbatch windows where its
+#: hint is within :data:`~.cpsat.WINDOWLESS_GAP` of the proven bound, leaving the
+#: whole time to the full model). A cached schedule from an older search that
 #: was not proven optimal is solved again: the same problem and time limit may now
 #: give a faster one. Not bumped for the warm-up memory
 #: bound (2026-12-01): it proves more but searches the same way (the window search
 #: still keys on the round trip), so a cached answer would come back no faster; its
 #: stored bound is true, only weaker.
-SEARCH_REVISION = 24
+SEARCH_REVISION = 25
 
 
 def cache_dir() -> Path:

@@ -100,12 +100,14 @@ class TaskGraph:
     def stages_on(self, device: int) -> list[int]:
         return [s for s in range(self.problem.stages) if self.device((Op.F, s, 0)) == device]
 
-    def last_keys(self) -> list[Key]:
-        """Tasks with no successor: the makespan is the latest of their ends."""
-        M = self.problem.microbatches
+    def last_keys(self, microbatch: int | None = None) -> list[Key]:
+        """Tasks with no successor: the makespan is the latest of their ends. With
+        ``microbatch``: that microbatch's tasks with no successor in it, the latest of
+        whose ends is when the microbatch is done."""
+        j = self.problem.microbatches - 1 if microbatch is None else microbatch
         if self.split_backward:
-            return [(Op.W, s, M - 1) for s in range(self.problem.stages)]
-        return [(Op.BW, 0, M - 1)]
+            return [(Op.W, s, j) for s in range(self.problem.stages)]
+        return [(Op.BW, 0, j)]
 
     def scaled(self, ticks_per_second: float) -> "TaskGraph":
         """The same graph with durations and lag rounded to integer ticks."""
