@@ -63,8 +63,8 @@ WINDOW = 8
 #: this share of the proven bound (the prefix cuts' chain, the memory bounds): what is
 #: left is a proof, which only the full model gives, and it needs its time in one run
 #: (CP-SAT's learning starts over in each). Measured by hand, 4 x 64 at S/2: hint and
-#: optimum 327.6 s, the cuts' bound 324.9 s (0.82%); the full model proves it in 45-59 s
-#: with the cuts, while split into a first run, 25 fruitless window steps and a closing
+#: optimum 327.6 s, the cuts' bound 324.9 s (0.82%); the full model proves it in 45-72 s
+#: with the cuts (four runs), while split into a first run, 25 fruitless window steps and a closing
 #: run it did not prove it in 120 s.
 WINDOWLESS_GAP = 0.01
 #: The full model's share before the time windows (chunked placements, every budget).
@@ -381,7 +381,8 @@ def _prefix_cuts(b: _Builder, g: TaskGraph, start: dict[Key, Any], makespan: Any
     i)`` and ends when microbatch ``i + d`` is done (FIFO: its tasks are the last of
     their kinds); see :mod:`.prefix`. The windows inside the pipeline bound no more than
     the last one, but they prune: with them CP-SAT proved 4 x 64 at half of 1F1B's
-    memory in 45 and 48 s instead of 80 and 76 s (by hand, the same cuts and hint).
+    memory in 45-72 s (four runs) instead of 76 and 80 s (by hand, the same cuts and
+    hint).
     """
     M = g.problem.microbatches
     dur = g.duration
