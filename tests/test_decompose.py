@@ -355,6 +355,21 @@ def test_large_chunked_placements_start_their_windows_from_the_hint(
         result.extra["hint_makespan"] - result.objective)
 
 
+def _half_budget(microbatches: int, *, one_stage_per_device: bool
+                 ) -> tuple[Problem, list[Schedule]]:
+    """4 uniform stages x ``microbatches`` at half of 1F1B's memory (p2p 0.05 s), and its
+    fitting fixed schedules, fastest first: on one stage per device without offload
+    only, or on any placement."""
+    problem = uniform_problem(4, microbatches, forward=1.0, backward_input=1.0,
+                              backward_weight=1.0, p2p=0.05, activation=1000,
+                              freed_by_b=500).activation_budget(2)
+    pool = [c.schedule for c in sorted(fixed_schedules(problem).candidates,
+                                       key=lambda c: c.makespan)
+            if c.fits and (not one_stage_per_device or
+                           (c.schedule.chunks == 1 and not c.schedule.offloads))]
+    return problem, pool
+
+
 def test_the_full_model_gets_the_time_the_windows_leave(monkeypatch: pytest.MonkeyPatch
                                                         ) -> None:
     """When the windows stop finding shorter schedules, the full model runs again with
@@ -366,10 +381,7 @@ def test_the_full_model_gets_the_time_the_windows_leave(monkeypatch: pytest.Monk
     monkeypatch.setattr(cpsat, "DECOMPOSE_MIN_CELLS", 1)
     monkeypatch.setattr(cpsat, "TIME_FULL_SHARE", 1e-4)   # the first share: nothing
     monkeypatch.setattr(decompose, "TIME_PATIENCE", 1)
-    problem = uniform_problem(4, 8, forward=1.0, backward_input=1.0, backward_weight=1.0,
-                              p2p=0.05, activation=1000, freed_by_b=500).activation_budget(2)
-    pool = [c.schedule for c in sorted(fixed_schedules(problem).candidates,
-                                       key=lambda c: c.makespan) if c.fits]
+    problem, pool = _half_budget(8, one_stage_per_device=False)
     result = solve_cpsat(problem, warm_start=pool, time_limit=30, threads=2,
                          placement=searched_placements(4)["v"])
     assert result.extra["lower_bound"] < result.objective      # not proven by the bound
@@ -379,17 +391,6 @@ def test_the_full_model_gets_the_time_the_windows_leave(monkeypatch: pytest.Monk
     assert result.objective == pytest.approx(31.3)
     sim = simulate(problem, result.schedule)
     assert sim.fits and sim.makespan == pytest.approx(result.objective, rel=1e-6)
-
-
-def _half_budget_4x16() -> tuple[Problem, list[Schedule]]:
-    """4 x 16 at half of 1F1B's memory (optimum 82.8 s, proven in seconds), and its
-    fitting fixed schedules on one stage per device without offload, fastest first."""
-    problem = uniform_problem(4, 16, forward=1.0, backward_input=1.0, backward_weight=1.0,
-                              p2p=0.05, activation=1000, freed_by_b=500).activation_budget(2)
-    pool = [c.schedule for c in sorted(fixed_schedules(problem).candidates,
-                                       key=lambda c: c.makespan)
-            if c.fits and c.schedule.chunks == 1 and not c.schedule.offloads]
-    return problem, pool
 
 
 def test_the_full_model_gets_the_time_the_microbatch_windows_leave(
@@ -402,7 +403,7 @@ def test_the_full_model_gets_the_time_the_microbatch_windows_leave(
 
     monkeypatch.setattr(cpsat, "DECOMPOSE_MIN_CELLS", 1)
     monkeypatch.setattr(cpsat, "FULL_SHARE", 1e-4)
-    problem, pool = _half_budget_4x16()
+    problem, pool = _half_budget(16, one_stage_per_device=True)
     result = solve_cpsat(problem, warm_start=pool, time_limit=40, threads=2)
     assert result.extra.get("window_steps", 0) >= 1
     assert result.extra.get("closing_run") == "OPTIMAL"
@@ -422,7 +423,7 @@ def test_a_hint_near_the_bound_leaves_the_proof_to_the_full_model(
     monkeypatch.setattr(cpsat, "DECOMPOSE_MIN_CELLS", 1)
     monkeypatch.setattr(cpsat, "FULL_SHARE", 1e-4)
     monkeypatch.setattr(cpsat, "WINDOWLESS_GAP", 1.0)
-    problem, pool = _half_budget_4x16()
+    problem, pool = _half_budget(16, one_stage_per_device=True)
     result = solve_cpsat(problem, warm_start=pool, time_limit=40, threads=2)
     assert "window_steps" not in result.extra and "closing_run" not in result.extra
     assert result.status == OPTIMAL

@@ -64,8 +64,8 @@ WINDOW = 8
 #: left is a proof, which only the full model gives, and it needs its time in one run
 #: (CP-SAT's learning starts over in each). Measured by hand, 4 x 64 at S/2: hint and
 #: optimum 327.6 s, the cuts' bound 324.9 s (0.82%); the full model proves it in 45-72 s
-#: with the cuts (four runs), while split into a first run, 25 fruitless window steps and a closing
-#: run it did not prove it in 120 s.
+#: with the cuts (four runs), while split into a first run, 25 fruitless window steps
+#: and a closing run it did not prove it in 120 s.
 WINDOWLESS_GAP = 0.01
 #: The full model's share before the time windows (chunked placements, every budget).
 #: V at S, 60 s, one run each: by hand 0.1 reached 52.65 s at 8 x 16 and proved 100.55 s
