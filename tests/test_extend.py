@@ -96,6 +96,30 @@ def test_extended_schedules_solve_half_then_repeat() -> None:
                                  and not c.schedule.offloads)
 
 
+def test_the_source_is_proven_with_its_prefix_cuts() -> None:
+    """4 stages, 40 microbatches, half of 1F1B's memory, ``cuts_share``: the pieces of
+    the 20-microbatch source (up to 16) are solved first and go into its model, which
+    then proves the source's optimum; ``proven`` keeps all of it for the driver's cuts,
+    and the extension still fits."""
+    problem = _uniform(4, 40, 2)
+    place = linear_placement(4)
+
+    def hints(half):
+        return [c.schedule for c in sorted(fixed_schedules(half).candidates,
+                                           key=lambda c: c.makespan)
+                if c.fits and c.schedule.placement == place]
+    proven = PrefixCuts()
+    out = extended_schedules(problem, place, True, time_limit=30, hints=hints,
+                             proven=proven, cuts_share=0.5)
+    assert out and all(result.fits for _, result in out)
+    assert 20 in proven.exact and max(proven.whole) == 20
+    assert set(range(1, 17)) <= proven.exact
+    assert proven.reach and max(proven.reach) <= 16
+    # the source's optimum is a bound on any 20 microbatches: the chain over 40 is below
+    # the extension's makespan
+    assert proven.makespan_bound(40) <= min(r.makespan for _, r in out) + 1e-6
+
+
 def test_driver_uses_extensions_on_one_stage_per_device() -> None:
     problem = _uniform(4, 32, 2)
     res = solve(problem, offload=False, placements=["linear"], time_limit=12, cache=False,

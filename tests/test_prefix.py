@@ -68,7 +68,7 @@ def test_cuts_never_exceed_the_optimum(seed: int, shape: str) -> None:
     reach = solve_reach(problem, warm_start=hints, time_limit=20, placement=place)
     records = simulate(problem, plain.schedule).records
     start = {r.action.key: r.start for r in records}
-    assert reach is not None and reach <= start[(Op.F, 0, problem.microbatches - 1)] + 1e-6
+    assert reach is not None and reach.seconds <= start[(Op.F, 0, problem.microbatches - 1)] + 1e-6
     # every window of n microbatches in the optimum takes at least whole[n], from its
     # first forward until its last microbatch is done
     done: dict[int, float] = {}
@@ -139,6 +139,43 @@ def test_pieces_already_proven_are_not_solved_again(monkeypatch) -> None:
     assert cuts.whole[16] == pytest.approx(run.bound) and 16 in cuts.exact
 
 
+def test_exact_reach_pieces_are_not_solved_again(monkeypatch) -> None:
+    """What one call proved exactly, ``reach`` pieces included, a second call given it
+    as ``known`` keeps and does not solve again (the extended schedules' source solves
+    the small pieces first, and the driver's cuts then take them); ``merge`` keeps the
+    best bound of each piece and its exactness."""
+    import optpipe.optimizer.cpsat as cpsat
+
+    problem = _half_budget(6)
+    place = linear_placement(4)
+    first = prefix_cuts(problem, place, True, time_limit=30, hints=_hints(place, True))
+    assert first.exact_reach == set(first.reach) == {1, 2, 3, 4, 5}
+    assert first.exact == set(first.whole) == {1, 2, 3, 4, 5}
+
+    solved: list[int] = []
+    real_whole, real_reach = cpsat.solve_cpsat, cpsat.solve_reach
+
+    def whole(smaller, **kwargs):
+        solved.append(smaller.microbatches)
+        return real_whole(smaller, **kwargs)
+
+    def reach(smaller, **kwargs):
+        solved.append(smaller.microbatches)
+        return real_reach(smaller, **kwargs)
+    monkeypatch.setattr(cpsat, "solve_cpsat", whole)
+    monkeypatch.setattr(cpsat, "solve_reach", reach)
+    again = prefix_cuts(problem, place, True, time_limit=30, hints=_hints(place, True),
+                        known=first)
+    assert solved == []
+    assert again.reach == first.reach and again.whole == first.whole
+
+    merged = PrefixCuts()
+    merged.record_reach(2, first.reach[2] - 1.0, False)
+    merged.merge(first)
+    merged.record_reach(2, first.reach[2] - 2.0, False)   # a weaker bound changes nothing
+    assert merged.reach == first.reach and merged.exact_reach == first.exact_reach
+
+
 def test_the_largest_piece_can_be_smaller() -> None:
     """``largest`` caps the pieces (the chunked placements' are slower to prove): on the
     V shape at 4 x 6, pieces up to 3 are solved and proven, none larger, and their
@@ -183,7 +220,7 @@ def test_ladder_pieces_proven_with_the_smaller_cuts_stay_valid() -> None:
             assert small.whole[6] == pytest.approx(alone.objective)
         else:
             alone_reach = solve_reach(piece, warm_start=hints, time_limit=30)
-            assert small.reach[6] == pytest.approx(alone_reach)
+            assert small.reach[6] == pytest.approx(alone_reach.seconds)
     without = PrefixCuts(reach={d: r for d, r in small.reach.items() if d <= 3},
                          whole={n: w for n, w in small.whole.items() if n <= 3})
     plain = solve_cpsat(problem, warm_start=placement_hints(problem, place, True, None),

@@ -34,7 +34,7 @@ import bisect
 import math
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Collection, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Collection, Mapping, NamedTuple, Sequence
 
 from ortools.sat.python import cp_model
 
@@ -1274,9 +1274,10 @@ def _closing_run(problem: Problem, ticks: Ticks, timed: Hint, lower: int,
 def solve_reach(problem: Problem, *, warm_start: Sequence[Schedule], time_limit: float,
                 threads: int = 2, split_backward: bool = True,
                 placement: Sequence[int] | None = None,
-                cuts: "PrefixCuts | None" = None) -> float | None:
+                cuts: "PrefixCuts | None" = None) -> "ReachBound | None":
     """A proven lower bound on the start of the last microbatch's first forward,
-    ``F(0, M - 1)``, over every schedule of ``problem`` (seconds; None without a hint).
+    ``F(0, M - 1)``, over every schedule of ``problem`` (seconds, and whether it is the
+    least start itself; None without a hint).
 
     Why: :mod:`.prefix` bounds how fast a pipeline can take in microbatches. The model
     is the order model with that start as the objective; its horizon is one no
@@ -1303,7 +1304,15 @@ def solve_reach(problem: Problem, *, warm_start: Sequence[Schedule], time_limit:
     code = solver.solve(builder.model)
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
-    return solver.best_objective_bound / ticks.scale
+    return ReachBound(solver.best_objective_bound / ticks.scale, code == cp_model.OPTIMAL)
+
+
+class ReachBound(NamedTuple):
+    """What :func:`solve_reach` proved: a bound in seconds, and whether it is exact (a
+    piece proven exactly need not be solved again, :mod:`.prefix`)."""
+
+    seconds: float
+    optimal: bool
 
 
 def _extract(problem: Problem, solver: cp_model.CpSolver, handles: _Vars,

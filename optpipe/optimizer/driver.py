@@ -74,6 +74,9 @@ CUTS_SHARE = 0.25
 #: The same where pieces above MAX_PIECE are solved too (:func:`~.prefix.ladder`): at
 #: 8 x 64, S/2, 25% left ``reach[32]`` unproven (a bound 3.2 s under its value).
 LADDER_CUTS_SHARE = 0.4
+#: Share of the time before the extended schedules' largest source search that goes to
+#: that source's prefix cuts (:func:`~.extend.extended_schedules`), where the cuts pay.
+SOURCE_CUTS_SHARE = 0.4
 #: Fitting schedules whose first microbatches hint each piece of the prefix cuts.
 HINTS_PER_PIECE = 3
 #: Share of the time limit for extended schedules (:mod:`.extend`), when they are built.
@@ -629,7 +632,10 @@ def _add_extended(problem: Problem, fixed: FixedSet, split_backward: bool,
     measured at 8 x 64 and 16 x 64, S/2, extensions of a 15 s search were 14-33 %
     slower than the periodic V blocks, which already are their steady state.
     What the searches on fewer microbatches prove goes into ``proven``, for the prefix
-    cuts (:func:`_search`).
+    cuts (:func:`_search`); where those cuts pay (without offload, memory above the
+    no-memory bound) and the source is small enough to be proven in the time, the small
+    pieces are solved before the largest source's search and go into its model
+    (:data:`SOURCE_CUTS_SHARE`).
     """
     from optpipe.optimizer.extend import MIN_SOURCE_MICROBATCHES, extended_schedules
 
@@ -638,9 +644,16 @@ def _add_extended(problem: Problem, fixed: FixedSet, split_backward: bool,
         return
     place = linear_placement(problem.devices)
     incumbent = _bar(fixed, use_offload, split_backward)
-    if incumbent is not None and memory_bound(task_graph(problem, split_backward)) >= \
-            incumbent.makespan * (1 - 1e-9):
+    graph = task_graph(problem, split_backward)
+    free = lower_bound(graph)
+    held = memory_bound(graph, free)
+    if incumbent is not None and held >= incumbent.makespan * (1 - 1e-9):
         return                                   # one stage per device cannot win
+    # a large source (16 x 32) is searched best with its windows and not proven in the
+    # time anyway: its pieces (8.7 s at 16 stages) would only take from its search
+    # (16 x 64 at S/2: the source reached 165.7 s with them, 161.7 s without; by hand)
+    cuts_pay = not use_offload and held > free * (1 + 1e-9) and \
+        _extend_share(problem) == EXTEND_SHARE
 
     def hints(half: Problem) -> list[Schedule]:
         on = [c for c in fixed_schedules(half).candidates
@@ -650,7 +663,9 @@ def _add_extended(problem: Problem, fixed: FixedSet, split_backward: bool,
     for schedule, result in extended_schedules(problem, place, split_backward,
                                                time_limit=seconds, threads=threads,
                                                label="extended-linear", hints=hints,
-                                               heartbeat=heartbeat, proven=proven):
+                                               heartbeat=heartbeat, proven=proven,
+                                               cuts_share=SOURCE_CUTS_SHARE if cuts_pay
+                                               else 0.0):
         fixed.candidates.append(Candidate(schedule.name, schedule, result))
 
 

@@ -53,6 +53,8 @@ class PrefixCuts:
     #: the ``n`` whose ``whole[n]`` is the proven optimum, not only a bound: solving
     #: them again can add nothing.
     exact: set[int] = field(default_factory=set)
+    #: the same for ``reach[d]``.
+    exact_reach: set[int] = field(default_factory=set)
 
     def record_whole(self, n: int, bound: float | None, optimal: bool) -> None:
         """Keep what a solve on ``n`` microbatches proved (the best bound so far)."""
@@ -61,6 +63,26 @@ class PrefixCuts:
         self.whole[n] = max(self.whole.get(n, 0.0), bound)
         if optimal:
             self.exact.add(n)
+
+    def record_reach(self, d: int, bound: float | None, optimal: bool) -> None:
+        """Keep what a solve of ``reach[d]`` proved (the best bound so far)."""
+        if bound is None:
+            return
+        self.reach[d] = max(self.reach.get(d, 0.0), bound)
+        if optimal:
+            self.exact_reach.add(d)
+
+    def merge(self, other: "PrefixCuts") -> None:
+        """Keep what ``other`` proved too (the best bound of each piece)."""
+        for n, bound in other.whole.items():
+            self.record_whole(n, bound, n in other.exact)
+        for d, bound in other.reach.items():
+            self.record_reach(d, bound, d in other.exact_reach)
+
+    def copy(self) -> "PrefixCuts":
+        out = PrefixCuts()
+        out.merge(self)
+        return out
 
     def makespan_bound(self, microbatches: int) -> float:
         """The best chain ``reach[d1] + reach[d2] + ... + whole[n]`` covering
@@ -119,9 +141,10 @@ def prefix_cuts(problem: Problem, placement: Sequence[int] | None, split_backwar
     small ones are cheap to skip. ``hints(smaller)``: fitting schedules of a smaller
     problem on the placement, for CP-SAT to start from. ``known``: what solves of the
     same problem on fewer microbatches already proved (the extended schedules' sources,
-    :func:`~.extend.extended_schedules`); it is kept, and the pieces it solved to
-    optimality are not solved again (at 16 x 32, S/2, the 16-microbatch optimum took
-    3-14 s). ``largest``: the largest piece; on the chunked placements, whose pieces
+    :func:`~.extend.extended_schedules`, which solve the source's own pieces first
+    where the cuts pay); it is kept, and the pieces it solved to optimality,
+    ``whole`` and ``reach`` alike, are not solved again (at 16 x 32, S/2, the
+    16-microbatch optimum took 3-14 s). ``largest``: the largest piece; on the chunked placements, whose pieces
     take longer to prove, 8 (``scripts/bench_chunked_proofs.py``). Then, in what is
     left (at least :data:`LADDER_SHARE` of ``time_limit``), the :func:`ladder`'s
     larger pieces, each with the cuts so far in its model: ``whole[n]`` (often proven
@@ -129,14 +152,14 @@ def prefix_cuts(problem: Problem, placement: Sequence[int] | None, split_backwar
     from optpipe.optimizer.cpsat import NoHint, solve_cpsat, solve_reach
 
     t0 = time.monotonic()
-    cuts = PrefixCuts() if known is None else \
-        PrefixCuts(whole=dict(known.whole), exact=set(known.exact))
+    cuts = PrefixCuts() if known is None else known.copy()
     M = problem.microbatches
     top = min(largest, M - 1)
 
     def unproven(task: tuple[str, int]) -> bool:
-        """Worth solving: not a ``whole`` piece ``known`` already proved exactly."""
-        return not (task[0] == "whole" and task[1] in cuts.exact)
+        """Worth solving: not a piece ``known`` already proved exactly."""
+        kind, n = task
+        return n not in (cuts.exact if kind == "whole" else cuts.exact_reach)
 
     tasks: list[tuple[str, int]] = []
     for n in range(top, 0, -1):
@@ -170,7 +193,7 @@ def prefix_cuts(problem: Problem, placement: Sequence[int] | None, split_backwar
                                 threads=threads, split_backward=split_backward,
                                 placement=placement, cuts=model_cuts)
             if reach is not None:
-                cuts.reach[n] = reach
+                cuts.record_reach(n, reach.seconds, reach.optimal)
         if heartbeat is not None:
             heartbeat()
 
