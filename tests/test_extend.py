@@ -26,6 +26,15 @@ def _uniform(stages: int, microbatches: int, budget: float):
                            static=0).activation_budget(budget)
 
 
+def _fixed_on(place):
+    """Hints for a half problem: its fitting fixed schedules on ``place``, fastest first."""
+    def hints(half):
+        return [c.schedule for c in sorted(fixed_schedules(half).candidates,
+                                           key=lambda c: c.makespan)
+                if c.fits and c.schedule.placement == place]
+    return hints
+
+
 def test_repeating_1f1b_steady_state_gives_1f1b() -> None:
     """1F1B's steady state is one microbatch long: repeating it reproduces 1F1B."""
     small, large = _uniform(4, 8, 4), _uniform(4, 16, 4)
@@ -79,10 +88,7 @@ def test_extended_schedules_solve_half_then_repeat() -> None:
     problem = _uniform(4, 32, 2)
     place = linear_placement(4)
 
-    def hints(half):
-        return [c.schedule for c in sorted(fixed_schedules(half).candidates,
-                                           key=lambda c: c.makespan)
-                if c.fits and c.schedule.placement == place]
+    hints = _fixed_on(place)
     proven = PrefixCuts()
     out = extended_schedules(problem, place, True, time_limit=8, hints=hints, proven=proven)
     assert out
@@ -104,10 +110,7 @@ def test_the_source_is_proven_with_its_prefix_cuts() -> None:
     problem = _uniform(4, 40, 2)
     place = linear_placement(4)
 
-    def hints(half):
-        return [c.schedule for c in sorted(fixed_schedules(half).candidates,
-                                           key=lambda c: c.makespan)
-                if c.fits and c.schedule.placement == place]
+    hints = _fixed_on(place)
     proven = PrefixCuts()
     out = extended_schedules(problem, place, True, time_limit=30, hints=hints,
                              proven=proven, cuts_share=0.5)

@@ -58,19 +58,11 @@ class PrefixCuts:
 
     def record_whole(self, n: int, bound: float | None, optimal: bool) -> None:
         """Keep what a solve on ``n`` microbatches proved (the best bound so far)."""
-        if bound is None:
-            return
-        self.whole[n] = max(self.whole.get(n, 0.0), bound)
-        if optimal:
-            self.exact.add(n)
+        _record(self.whole, self.exact, n, bound, optimal)
 
     def record_reach(self, d: int, bound: float | None, optimal: bool) -> None:
         """Keep what a solve of ``reach[d]`` proved (the best bound so far)."""
-        if bound is None:
-            return
-        self.reach[d] = max(self.reach.get(d, 0.0), bound)
-        if optimal:
-            self.exact_reach.add(d)
+        _record(self.reach, self.exact_reach, d, bound, optimal)
 
     def merge(self, other: "PrefixCuts") -> None:
         """Keep what ``other`` proved too (the best bound of each piece)."""
@@ -92,6 +84,15 @@ class PrefixCuts:
             best[n] = max([self.whole.get(n, 0.0)] +
                           [r + best[n - d] for d, r in self.reach.items() if 0 < d < n])
         return best[microbatches]
+
+
+def _record(values: dict[int, float], exact: set[int], n: int, bound: float | None,
+            optimal: bool) -> None:
+    if bound is None:
+        return
+    values[n] = max(values.get(n, 0.0), bound)
+    if optimal:
+        exact.add(n)
 
 
 def truncated_hints(schedules: Sequence[Schedule]) -> Callable[[Problem], list[Schedule]]:
