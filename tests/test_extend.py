@@ -134,3 +134,25 @@ def test_driver_uses_extensions_on_one_stage_per_device() -> None:
     free = solve(problem, offload=False, time_limit=6, cache=False, progress=False)
     assert not any(c.name.startswith("extended") for c in free.fixed)
     assert free.schedule.placement == v_placement(4) or free.sim.makespan < 164.4
+
+
+def test_driver_proves_the_source_with_its_cuts_first(monkeypatch) -> None:
+    """4 x 40 at half of 1F1B's memory, one stage per device: memory binds hard and the
+    cuts pay, so the 20-microbatch source is searched with its pieces' cuts in its model
+    and proven, and the driver's own cuts do not solve those pieces again."""
+    import optpipe.optimizer.cpsat as cpsat
+
+    calls: list[tuple[int, bool, str]] = []
+    real = cpsat.solve_cpsat
+
+    def recording(smaller, **kwargs):
+        run = real(smaller, **kwargs)
+        calls.append((smaller.microbatches, kwargs.get("cuts") is not None, run.status))
+        return run
+    monkeypatch.setattr(cpsat, "solve_cpsat", recording)
+    problem = _uniform(4, 40, 2)
+    res = solve(problem, offload=False, placements=["linear"], time_limit=30, cache=False,
+                progress=False)
+    assert (20, True, "optimal") in calls
+    assert [n for n, _, _ in calls].count(20) == 1     # not again among the driver's cuts
+    assert res.sim.fits and res.bound <= res.sim.makespan + 1e-6
