@@ -68,7 +68,8 @@ def test_cuts_never_exceed_the_optimum(seed: int, shape: str) -> None:
     reach = solve_reach(problem, warm_start=hints, time_limit=20, placement=place)
     records = simulate(problem, plain.schedule).records
     start = {r.action.key: r.start for r in records}
-    assert reach is not None and reach.seconds <= start[(Op.F, 0, problem.microbatches - 1)] + 1e-6
+    last = start[(Op.F, 0, problem.microbatches - 1)]
+    assert reach is not None and reach.seconds <= last + 1e-6
     # every window of n microbatches in the optimum takes at least whole[n], from its
     # first forward until its last microbatch is done
     done: dict[int, float] = {}

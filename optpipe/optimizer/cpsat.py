@@ -1271,10 +1271,18 @@ def _closing_run(problem: Problem, ticks: Ticks, timed: Hint, lower: int,
             solver.best_objective_bound, solver.status_name(code), code == cp_model.OPTIMAL)
 
 
+class ReachBound(NamedTuple):
+    """What :func:`solve_reach` proved: a bound in seconds, and whether it is exact (a
+    piece proven exactly need not be solved again, :mod:`.prefix`)."""
+
+    seconds: float
+    optimal: bool
+
+
 def solve_reach(problem: Problem, *, warm_start: Sequence[Schedule], time_limit: float,
                 threads: int = 2, split_backward: bool = True,
                 placement: Sequence[int] | None = None,
-                cuts: "PrefixCuts | None" = None) -> "ReachBound | None":
+                cuts: "PrefixCuts | None" = None) -> ReachBound | None:
     """A proven lower bound on the start of the last microbatch's first forward,
     ``F(0, M - 1)``, over every schedule of ``problem`` (seconds, and whether it is the
     least start itself; None without a hint).
@@ -1305,14 +1313,6 @@ def solve_reach(problem: Problem, *, warm_start: Sequence[Schedule], time_limit:
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
     return ReachBound(solver.best_objective_bound / ticks.scale, code == cp_model.OPTIMAL)
-
-
-class ReachBound(NamedTuple):
-    """What :func:`solve_reach` proved: a bound in seconds, and whether it is exact (a
-    piece proven exactly need not be solved again, :mod:`.prefix`)."""
-
-    seconds: float
-    optimal: bool
 
 
 def _extract(problem: Problem, solver: cp_model.CpSolver, handles: _Vars,

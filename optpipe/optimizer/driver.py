@@ -652,7 +652,7 @@ def _add_extended(problem: Problem, fixed: FixedSet, split_backward: bool,
     # a large source (16 x 32) is searched best with its windows and not proven in the
     # time anyway: its pieces (8.7 s at 16 stages) would only take from its search
     # (16 x 64 at S/2: the source reached 165.7 s with them, 161.7 s without; by hand)
-    cuts_pay = not use_offload and held > free * (1 + 1e-9) and \
+    cuts_pay = _memory_lifts(held, free, use_offload) and \
         _extend_share(problem) == EXTEND_SHARE
 
     def hints(half: Problem) -> list[Schedule]:
@@ -1129,9 +1129,16 @@ def _cuts_pay(problem: Problem, space: _Space, use_offload: bool) -> bool:
     takes 31-49 s once the answer is found, and from 8 stages or 32 microbatches on
     their chain is below the memory bound, so in the minute they cost time and close
     nothing (``scripts/bench_chunked_proofs.py``, docs/optimizer-log.md)."""
-    return (space.label == "linear" and not use_offload
-            and problem.microbatches > MAX_PIECE
-            and space.bound > space.free_bound * (1 + 1e-9))
+    return (space.label == "linear" and problem.microbatches > MAX_PIECE
+            and _memory_lifts(space.bound, space.free_bound, use_offload))
+
+
+def _memory_lifts(held: float, free: float, use_offload: bool) -> bool:
+    """Without offload, memory lifts the bound (``held``) above the no-memory one
+    (``free``): the pieces of the prefix cuts then see waits the bounds do not. One
+    rule for the driver's cuts (:func:`_cuts_pay`) and the extended schedules' source
+    (:func:`_add_extended`)."""
+    return not use_offload and held > free * (1 + 1e-9)
 
 
 def _prefix_cuts(problem: Problem, space: _Space, fixed: FixedSet, seconds: float,

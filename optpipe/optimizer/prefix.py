@@ -88,6 +88,7 @@ class PrefixCuts:
 
 def _record(values: dict[int, float], exact: set[int], n: int, bound: float | None,
             optimal: bool) -> None:
+    """One table of :class:`PrefixCuts`: keep the larger bound, and mark it exact."""
     if bound is None:
         return
     values[n] = max(values.get(n, 0.0), bound)
@@ -145,8 +146,8 @@ def prefix_cuts(problem: Problem, placement: Sequence[int] | None, split_backwar
     :func:`~.extend.extended_schedules`, which solve the source's own pieces first
     where the cuts pay); it is kept, and the pieces it solved to optimality,
     ``whole`` and ``reach`` alike, are not solved again (at 16 x 32, S/2, the
-    16-microbatch optimum took 3-14 s). ``largest``: the largest piece; on the chunked placements, whose pieces
-    take longer to prove, 8 (``scripts/bench_chunked_proofs.py``). Then, in what is
+    16-microbatch optimum took 3-14 s). ``largest``: the largest piece; on the chunked
+    placements, whose pieces take longer to prove, 8 (``scripts/bench_chunked_proofs.py``). Then, in what is
     left (at least :data:`LADDER_SHARE` of ``time_limit``), the :func:`ladder`'s
     larger pieces, each with the cuts so far in its model: ``whole[n]`` (often proven
     quickly, or already ``known``) before ``reach[n]``."""
