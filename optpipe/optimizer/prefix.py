@@ -22,7 +22,10 @@ CP-SAT prove 8 x 32 in 23 s instead of 50-90 s (measured by hand, hinted with th
 fixed schedules). They cannot close long pipelines by themselves: each link of the
 chain starts from an empty pipeline. Leading microbatches do not change that (the
 least ``F(0, e + d) - F(0, e)`` over ``e + d + 1`` microbatches is valid too, but equals
-``reach[d]``: the lead can drain before the window starts; docs/optimizer.md).
+``reach[d]``: the lead can drain before the window starts; docs/optimizer.md). Nor,
+in the time there is, does splitting a link on how far the microbatch before it has
+got: valid, but its pieces must be proven above these cuts (``scripts/
+bench_split_link.py``; docs/optimizer-log.md, "Split links").
 """
 
 from __future__ import annotations
