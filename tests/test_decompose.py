@@ -430,6 +430,34 @@ def test_a_hint_near_the_bound_leaves_the_proof_to_the_full_model(
     assert result.objective == pytest.approx(82.8)
 
 
+def test_a_model_with_prefix_cuts_leaves_the_time_to_the_full_model(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same problem with prefix cuts in its model (pieces up to 4, so that the hint
+    stays more than ``WINDOWLESS_GAP`` above their bound): no window runs, since such a
+    model up to ``WINDOWLESS_MAX_CELLS_WITH_CUTS`` cells searches and proves best whole
+    (16 x 32 at S/2, replayed by hand: 25-37 s whole, 30-36 s and once not at all with
+    the windows); above that size the windows run as before."""
+    from optpipe.optimizer import cpsat
+    from optpipe.optimizer.prefix import prefix_cuts, truncated_hints
+
+    monkeypatch.setattr(cpsat, "DECOMPOSE_MIN_CELLS", 1)
+    monkeypatch.setattr(cpsat, "FULL_SHARE", 1e-4)
+    problem, pool = _half_budget(16, one_stage_per_device=True)
+    cuts = prefix_cuts(problem, None, True, time_limit=20, hints=truncated_hints(pool[:3]),
+                       largest=4)
+    best_hint = min(simulate(problem, s).makespan for s in pool)
+    assert best_hint > cuts.makespan_bound(16) * (1 + cpsat.WINDOWLESS_GAP)
+    result = solve_cpsat(problem, warm_start=pool, time_limit=40, threads=2, cuts=cuts)
+    assert "window_steps" not in result.extra and "closing_run" not in result.extra
+    assert result.status == OPTIMAL
+    assert result.objective == pytest.approx(82.8)
+    monkeypatch.setattr(cpsat, "WINDOWLESS_MAX_CELLS_WITH_CUTS",
+                        problem.stages * problem.microbatches - 1)
+    result = solve_cpsat(problem, warm_start=pool, time_limit=40, threads=2, cuts=cuts)
+    assert result.extra.get("window_steps", 0) >= 1
+    assert result.objective == pytest.approx(82.8)
+
+
 def test_a_relaxation_to_some_devices_capacity_bounds_the_whole_model() -> None:
     """``build_order_model(..., capacity=)`` models one task at a time and memory on the
     named devices only, so its optimum never exceeds the whole model's, grows as devices
