@@ -68,12 +68,12 @@ WINDOW = 8
 #: and a closing run it did not prove it in 120 s.
 WINDOWLESS_GAP = 0.01
 #: ... and so does one whose model has the prefix cuts, up to this many stage x
-#: microbatch cells, whatever its hint. At 16 x 32, S/2, the driver's hint is the
-#: extended schedule, 7.9% above the cuts' bound, and what is left is a search for
-#: the optimum followed by a proof that needs a fresh run from it, both in the full
-#: model: replaying the driver's call (by hand, 2026-12-04, five runs each, 38.9 s
-#: limit) the full model alone proved 161.7 s in 25-37 s, all five; with the windows
-#: and a closing run in 30-36 s, four of five.
+#: microbatch cells, whatever its hint: the cuts make one run of the full model find
+#: the optimum and prove it sooner than windows and a closing run. At 16 x 32, S/2,
+#: the driver's hint is the extended schedule, 7.9% above the cuts' bound; replaying
+#: the driver's call (by hand, 2026-12-04, five runs each, 38.9 s limit) the full model
+#: alone proved 161.7 s in 25-37 s, all five; with the windows and a closing run in
+#: 30-36 s, four of five.
 WINDOWLESS_MAX_CELLS_WITH_CUTS = 512
 #: The full model's share before the time windows (chunked placements, every budget).
 #: V at S, 60 s, one run each: by hand 0.1 reached 52.65 s at 8 x 16 and proved 100.55 s
@@ -1102,8 +1102,10 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
     builder.add_hints()
     if decompose is None:
         # one stage per device: microbatch windows where memory binds the round trip
-        # (the optimal steady state is a pattern over microbatches); elsewhere the full
-        # model keeps the whole time, and proves it (S and 2S at every benchmark size)
+        # (the optimal steady state is a pattern over microbatches), unless what is
+        # left is a proof (the hint near the bound) or the cuts make the full model
+        # the better search (a model with them up to its cell limit); elsewhere the
+        # full model keeps the whole time, and proves it (S and 2S at every size)
         decompose = (not by_time and memory_binds and problem.microbatches >= 2 * WINDOW
                      and large and horizon > lower * (1 + WINDOWLESS_GAP)
                      and not (cuts is not None and problem.stages * problem.microbatches
