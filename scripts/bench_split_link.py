@@ -19,9 +19,8 @@ are done in path order). For every schedule:
 
 so ``makespan >= min over p of before[p] + after[p]`` (``before`` grows with ``p``,
 ``after`` shrinks; ``before[0] = reach[k]`` and ``after[L] >= whole[M - k]`` give the
-plain link). The pieces' horizon is the summed work and lags: closing every stretch in
-which no task runs or is in flight keeps every order, memory row and both conditions
-and lengthens no objective, so some optimum lies inside it.
+plain link). Each piece is :func:`optpipe.optimizer.cpsat.solve_least` with its
+condition.
 
 For each case ``S x M : n`` (the link at ``k = M - n``) the script solves the problem
 on one stage per device (its answer hints the pieces), the prefix cuts (in every
@@ -37,7 +36,6 @@ docs/optimizer-log.md between markers.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from dataclasses import replace
@@ -65,35 +63,22 @@ def piece(problem, side: str, task, hint, cuts, seconds: float) -> tuple[float, 
     (``side="before"``), or the least ``makespan - F(0, 1)`` with ``task`` (of
     microbatch 0) ending after ``F(0, 1)`` starts (``"after"``): CP-SAT's proven bound
     in seconds and whether it is the least value itself (``inf`` when no schedule is
-    in that state)."""
-    from ortools.sat.python import cp_model
-
-    from optpipe.optimizer.cpsat import (DEFAULT_LEVELS, _pick_hint, build_order_model,
-                                         make_ticks, new_solver)
+    in that state; :func:`optpipe.optimizer.cpsat.solve_least`, whose horizon holds
+    here)."""
+    from optpipe.optimizer.cpsat import solve_least
     from optpipe.schedule import Op
 
-    ticks = make_ticks(problem, True, False, DEFAULT_LEVELS, None)
-    h = _pick_hint(problem, ticks, False, DEFAULT_LEVELS, [hint])
-    g = ticks.graph
-    safe = int(sum(g.duration.values()) + len(g.keys) * g.lag) + 1
-    b, v = build_order_model(problem, ticks, max(safe, h.makespan), 0, h, cuts=cuts)
-    end = v.start[task] + int(g.duration[task])
-    if side == "before":
-        link = v.start[(Op.F, 0, problem.microbatches - 1)]
-        b.model.add(end <= link)
-        b.model.minimize(link)
-    else:
-        link = v.start[(Op.F, 0, 1)]
-        b.model.add(end >= link + 1)
-        b.model.minimize(v.makespan - link)
-    b.add_hints()
-    solver = new_solver(seconds, 2)
-    code = solver.solve(b.model)
-    if code == cp_model.INFEASIBLE:
-        return math.inf, True
-    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return 0.0, False
-    return solver.best_objective_bound / ticks.scale, code == cp_model.OPTIMAL
+    link = (Op.F, 0, problem.microbatches - 1) if side == "before" else (Op.F, 0, 1)
+
+    def objective(start, makespan, dur):
+        return start[link] if side == "before" else makespan - start[link]
+
+    def condition(start, makespan, dur):
+        end = start[task] + int(dur[task])
+        return end <= start[link] if side == "before" else end >= start[link] + 1
+    got = solve_least(problem, objective, condition=condition, warm_start=[hint],
+                      time_limit=seconds, threads=2, cuts=cuts)
+    return (0.0, False) if got is None else (got.seconds, got.optimal)
 
 
 def row(stages: int, microbatches: int, n: int, hint_seconds: float, cuts_seconds: float,

@@ -34,7 +34,8 @@ import bisect
 import math
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Collection, Mapping, NamedTuple, Sequence
+from typing import (TYPE_CHECKING, Any, Callable, Collection, Mapping, NamedTuple,
+                    Sequence)
 
 from ortools.sat.python import cp_model
 
@@ -1086,7 +1087,8 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
                                          * ticks.scale - 1e-6)))
     lower = min(lower, horizon)
     deadline = t0 + time_limit
-    large = problem.stages * problem.microbatches >= DECOMPOSE_MIN_CELLS
+    cells = problem.stages * problem.microbatches
+    large = cells >= DECOMPOSE_MIN_CELLS
     # the chunked placements are packed by time windows (:func:`~.decompose.
     # time_window_search`) once the full model has had its share
     by_time = decompose_auto and not offload and large and placement is not None
@@ -1108,8 +1110,8 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
         # full model keeps the whole time, and proves it (S and 2S at every size)
         decompose = (not by_time and memory_binds and problem.microbatches >= 2 * WINDOW
                      and large and horizon > lower * (1 + WINDOWLESS_GAP)
-                     and not (cuts is not None and problem.stages * problem.microbatches
-                              <= WINDOWLESS_MAX_CELLS_WITH_CUTS))
+                     and not (cuts is not None
+                              and cells <= WINDOWLESS_MAX_CELLS_WITH_CUTS))
     full_share = FULL_SHARE if decompose else TIME_FULL_SHARE if by_time else 1.0
     built = time.monotonic() - began
     first_limit = max(0.1, (deadline - time.monotonic()) * full_share)
@@ -1306,6 +1308,29 @@ def solve_reach(problem: Problem, *, warm_start: Sequence[Schedule], time_limit:
     optimum and the bound holds. ``cuts``: what fewer microbatches proved
     (:mod:`.prefix`), valid here too; they make the large pieces' proofs cheap.
     """
+    return solve_least(problem, lambda start, makespan, dur:
+                       start[(Op.F, 0, problem.microbatches - 1)],
+                       warm_start=warm_start, time_limit=time_limit, threads=threads,
+                       split_backward=split_backward, placement=placement, cuts=cuts)
+
+
+def solve_least(problem: Problem, objective: Callable[..., Any], *,
+                warm_start: Sequence[Schedule], time_limit: float, threads: int = 2,
+                split_backward: bool = True, placement: Sequence[int] | None = None,
+                cuts: "PrefixCuts | None" = None,
+                condition: Callable[..., Any] | None = None) -> ReachBound | None:
+    """A proven lower bound on ``objective(start, makespan, durations)`` (a linear
+    expression of the order model's start variables, in ticks) over every schedule of
+    ``problem`` that meets ``condition`` (same arguments, a constraint; None: every
+    schedule): seconds, and whether it is the least value itself; ``inf`` when no
+    schedule meets the condition; None without a hint. :func:`solve_reach` and
+    ``scripts/bench_split_link.py`` build on it.
+
+    The horizon is the summed work and lags: closing every stretch in which no task
+    runs or is in flight between devices keeps every order, every memory row and any
+    condition on which tasks end before which start, and lengthens no objective that
+    measures from one task to another or to the end, so some optimum lies inside it.
+    """
     if placement is not None and list(placement) == list(range(problem.devices)):
         placement = None
     ticks = make_ticks(problem, split_backward, False, DEFAULT_LEVELS, placement)
@@ -1317,11 +1342,14 @@ def solve_reach(problem: Problem, *, warm_start: Sequence[Schedule], time_limit:
     safe = int(sum(g.duration.values()) + len(g.keys) * g.lag) + 1
     builder, handles = build_order_model(problem, ticks, max(safe, hint.makespan), 0, hint,
                                          cuts=cuts)
-    target = handles.start[(Op.F, 0, problem.microbatches - 1)]
-    builder.model.minimize(target)
+    if condition is not None:
+        builder.model.add(condition(handles.start, handles.makespan, g.duration))
+    builder.model.minimize(objective(handles.start, handles.makespan, g.duration))
     builder.add_hints()
     solver = new_solver(max(0.05, time_limit), threads)
     code = solver.solve(builder.model)
+    if code == cp_model.INFEASIBLE:
+        return ReachBound(math.inf, True)
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
     return ReachBound(solver.best_objective_bound / ticks.scale, code == cp_model.OPTIMAL)

@@ -652,8 +652,7 @@ def _add_extended(problem: Problem, fixed: FixedSet, split_backward: bool,
     # a large source (16 x 32) is searched best with its windows and not proven in the
     # time anyway: its pieces (8.7 s at 16 stages) would only take from its search
     # (16 x 64 at S/2: the source reached 165.7 s with them, 161.7 s without; by hand)
-    cuts_pay = _memory_lifts(held, free, use_offload) and \
-        _extend_share(problem) == EXTEND_SHARE
+    cuts_pay = _memory_lifts(held, free, use_offload) and not _large_source(problem)
 
     def hints(half: Problem) -> list[Schedule]:
         on = [c for c in fixed_schedules(half).candidates
@@ -750,8 +749,14 @@ def _offload_model_built(problem: Problem) -> bool:
 def _extend_share(problem: Problem) -> float:
     """The share of the time limit the extended schedules get (see
     :data:`EXTEND_SHARE_LARGE`)."""
-    source_cells = problem.stages * (problem.microbatches // 2)
-    return EXTEND_SHARE_LARGE if source_cells >= EXTEND_LARGE_SOURCE_CELLS else EXTEND_SHARE
+    return EXTEND_SHARE_LARGE if _large_source(problem) else EXTEND_SHARE
+
+
+def _large_source(problem: Problem) -> bool:
+    """Is the extended schedules' source (half the microbatches) too large to be proven
+    in the time (:data:`EXTEND_LARGE_SOURCE_CELLS`)? One rule for their share and for
+    whether its pieces are solved first (:func:`_add_extended`)."""
+    return problem.stages * (problem.microbatches // 2) >= EXTEND_LARGE_SOURCE_CELLS
 
 
 def _heartbeat(reporter: ProgressFn | None, t0: float, fixed: FixedSet, use_offload: bool,

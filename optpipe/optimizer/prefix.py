@@ -150,8 +150,9 @@ def prefix_cuts(problem: Problem, placement: Sequence[int] | None, split_backwar
     where the cuts pay); it is kept, and the pieces it solved to optimality,
     ``whole`` and ``reach`` alike, are not solved again (at 16 x 32, S/2, the
     16-microbatch optimum took 3-14 s). ``largest``: the largest piece; on the chunked
-    placements, whose pieces take longer to prove, 8 (``scripts/bench_chunked_proofs.py``). Then, in what is
-    left (at least :data:`LADDER_SHARE` of ``time_limit``), the :func:`ladder`'s
+    placements, whose pieces take longer to prove, 8
+    (``scripts/bench_chunked_proofs.py``). Then, in what is left (at least
+    :data:`LADDER_SHARE` of ``time_limit``), the :func:`ladder`'s
     larger pieces, each with the cuts so far in its model: ``whole[n]`` (often proven
     quickly, or already ``known``) before ``reach[n]``."""
     from optpipe.optimizer.cpsat import NoHint, solve_cpsat, solve_reach
