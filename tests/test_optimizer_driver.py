@@ -9,6 +9,7 @@ import json
 import pytest
 
 from optpipe.errors import InfeasibleError, OptPipeError
+from optpipe.optimizer import driver
 from optpipe.optimizer.driver import CACHED, solve
 from optpipe.optimizer.preprocess import fixed_schedules, memory_bound, task_graph
 from optpipe.problem import uniform_problem
@@ -475,6 +476,26 @@ def test_offloaded_starts_run_where_the_budget_holds_the_fixed_schedules_back() 
     assert not h2.fits and admitted and min(c.makespan for c in admitted) < h2.makespan
     assert result.schedule.offloads and result.sim.fits
     assert result.sim.makespan == pytest.approx(51.85, abs=1e-6)
+
+
+def test_the_offload_model_is_skipped_where_its_start_is_far_behind() -> None:
+    """4 x 8 at half of 1F1B's memory with a slow host link (4 s per transfer): one
+    stage per device's best start (its order model's optimum, 42.0 s) is a third behind
+    the V shape's 31.3 s, and the offload model, hinted with it, cannot close that in
+    the time (it returned 42.0 s in 5.9 s before the rule). Its time goes to the order
+    models (interleaved chunks are searched too), and the message says why."""
+    problem = uniform_problem(4, 8, forward=1.0, backward_input=1.0, backward_weight=1.0,
+                              p2p=0.05, activation=1000, freed_by_b=500, static=0,
+                              d2h_bandwidth=250, h2d_bandwidth=250).activation_budget(2)
+    result = solve(problem, offload=True, time_limit=10, progress=False, cache=False)
+    spaces = [run["space"] for run in result.schedule.provenance["runs"]]
+    assert "linear+offload" not in spaces and "interleaved" in spaces
+    assert "offload model skipped: one stage per device's best start" in result.message
+    assert result.sim.fits
+    v = min(run["objective"] for run in result.schedule.provenance["runs"]
+            if run["space"] == "v")
+    assert result.sim.makespan <= v * (1 + 1e-9)
+    assert result.sim.makespan <= 42.0 / (1 + driver.OFFLOAD_MODEL_REACH)
 
 
 def test_solving_again_never_returns_slower_than_the_stale_cache_entry(private_cache) -> None:

@@ -50,6 +50,10 @@ OFFLOAD_AUTO_MAX_CELLS = 256
 OFFLOAD_MAX_CELLS = 256
 #: Share of the time limit the order model may use before the offload model starts.
 ORDER_SHARE_WITH_OFFLOAD = 0.3
+#: The offload model (one stage per device) runs only while one stage per device's best
+#: start, which it searches from, is within this share of the incumbent
+#: (:func:`_offload_model_reaches`).
+OFFLOAD_MODEL_REACH = 0.02
 #: Share of the order-model time the most promising placement gets when others remain.
 FIRST_SPACE_SHARE = 0.7
 #: Starts within this share of the best count as equally promising: the lowest bound
@@ -796,8 +800,9 @@ def _resolve_offload(problem: Problem, offload: bool | None, fixed: FixedSet,
     (:func:`_memory_binds_hard`).
 
     Why the two rules: up to that size the offload model (a circuit per device) is built
-    and takes 70% of the minute from the order models, which pays only where the budget
-    holds the schedule back. Beyond it no offload model runs and the order models keep
+    and may take 70% of the minute from the order models (where its start is within
+    reach, :func:`_offload_model_reaches`), which pays only where the budget holds the
+    schedule back. Beyond it no offload model runs and the order models keep
     their time; offload then costs the offloaded list schedules' share
     (:data:`OFFLOAD_STARTS_SHARE`) and reports the weaker bound that holds with offload,
     which pays where memory costs the fixed schedules more than
@@ -1014,7 +1019,8 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
     # the offload model (one stage per device) can only help below the incumbent
     offload_model = (use_offload and linear is not None
                      and _offload_model_built(problem)
-                     and linear.bound < incumbent * (1 - 1e-9))
+                     and linear.bound < incumbent * (1 - 1e-9)
+                     and _offload_model_reaches(problem, linear, fixed, runs, incumbent))
     order_deadline = time.monotonic() + (deadline - time.monotonic()) * (
         ORDER_SHARE_WITH_OFFLOAD if offload_model else 1.0)
     pool = _hint_pool(fixed, split_backward)
@@ -1027,7 +1033,9 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
     for sweep in range(2):    # a second sweep gives time left over to open placements
         order = first if sweep == 0 else searchable
         for i, space in enumerate(order):
-            if offload_model and lb_linear >= incumbent * (1 - 1e-9):
+            if offload_model and (lb_linear >= incumbent * (1 - 1e-9) or
+                                  not _offload_model_reaches(problem, linear, fixed, runs,
+                                                             incumbent)):
                 offload_model = False                 # it can no longer win: its time
                 order_deadline = deadline             # goes to the order models
             rest = [sp for sp in order[i + 1:] if sp.search_bound < incumbent * (1 - 1e-9)]
@@ -1111,6 +1119,11 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
             notes.append(f"offload model skipped: {problem.stages} x {problem.microbatches} "
                          f"is over its size limit ({OFFLOAD_MAX_CELLS} stage x microbatch "
                          f"cells); offloading fixed schedules were still compared")
+        elif lb_linear < incumbent * (1 - 1e-9) and \
+                not _offload_model_reaches(problem, linear, fixed, runs, incumbent):
+            notes.append(f"offload model skipped: one stage per device's best start is "
+                         f"more than {OFFLOAD_MODEL_REACH:.0%} behind the best schedule "
+                         f"found")
         elif left > 1.0 and lb_linear < incumbent * (1 - 1e-9):
             hints = ([best_linear] if best_linear else []) + pool
             run = _run_engine(engine, problem, hints, left, gap, threads, True,
@@ -1123,6 +1136,27 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
             run.extra["bound_scope"] = "waits right after the F"
             runs.append(run)
     return min(sp.bound for sp in spaces)
+
+
+def _offload_model_reaches(problem: Problem, linear: _Space, fixed: FixedSet,
+                           runs: list[EngineResult], incumbent: float) -> bool:
+    """Is one stage per device's best start (the order model's answer there, or a
+    fitting schedule on it, offloading or not: what the offload model searches from)
+    within :data:`OFFLOAD_MODEL_REACH` of ``incumbent``?
+
+    Why: hinted with its start, the offload model ends at or barely below it in the
+    minute (on the presets where it runs, 2026-12-04, by hand: llama2-13b on 8
+    A100-40GB 11.177 s in 51 s, the 4-stage preset at 80 GB 11.139 s in 27 s, both
+    unchanged; the 8-stage preset at 60 GB 3.749 to 3.746 s in 37 s), so where that
+    start is far behind it cannot win, and the order models need the time: the 4-stage
+    preset at 80 GB ended at 8.099 s on the V shape with 7 s of search there, and at
+    7.863 s with this rule. On the benchmark's problems it did not run at all (its cells up to
+    256 stage x microbatch cells at S/2 and S with offload, the same day, by hand).
+    """
+    start = min([_makespan_of(runs, "linear")] +
+                [c.makespan for c in _fitting_on(fixed, linear.placement, linear.split,
+                                                 _fused_faster(problem), True)])
+    return start <= incumbent * (1 + OFFLOAD_MODEL_REACH)
 
 
 def _cuts_pay(problem: Problem, space: _Space, use_offload: bool) -> bool:
