@@ -1119,12 +1119,13 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
             notes.append(f"offload model skipped: {problem.stages} x {problem.microbatches} "
                          f"is over its size limit ({OFFLOAD_MAX_CELLS} stage x microbatch "
                          f"cells); offloading fixed schedules were still compared")
-        elif lb_linear < incumbent * (1 - 1e-9) and \
-                not _offload_model_reaches(problem, linear, fixed, runs, incumbent):
+        elif lb_linear >= incumbent * (1 - 1e-9):
+            pass                                      # it cannot win
+        elif not _offload_model_reaches(problem, linear, fixed, runs, incumbent):
             notes.append(f"offload model skipped: one stage per device's best start is "
                          f"more than {OFFLOAD_MODEL_REACH:.0%} behind the best schedule "
                          f"found")
-        elif left > 1.0 and lb_linear < incumbent * (1 - 1e-9):
+        elif left > 1.0:
             hints = ([best_linear] if best_linear else []) + pool
             run = _run_engine(engine, problem, hints, left, gap, threads, True,
                               split_backward, levels,
@@ -1144,14 +1145,15 @@ def _offload_model_reaches(problem: Problem, linear: _Space, fixed: FixedSet,
     fitting schedule on it, offloading or not: what the offload model searches from)
     within :data:`OFFLOAD_MODEL_REACH` of ``incumbent``?
 
-    Why: hinted with its start, the offload model ends at or barely below it in the
+    Why: hinted with its start, the offload model ends at or a little below it in the
     minute (on the presets where it runs, 2026-12-04, by hand: llama2-13b on 8
-    A100-40GB 11.177 s in 51 s, the 4-stage preset at 80 GB 11.139 s in 27 s, both
-    unchanged; the 8-stage preset at 60 GB 3.749 to 3.746 s in 37 s), so where that
-    start is far behind it cannot win, and the order models need the time: the 4-stage
-    preset at 80 GB ended at 8.099 s on the V shape with 7 s of search there, and at
-    7.863 s with this rule. On the benchmark's problems it did not run at all (its cells up to
-    256 stage x microbatch cells at S/2 and S with offload, the same day, by hand).
+    A100-40GB 11.177 s in 51 s and the 4-stage preset at 80 GB 11.139 s in 27 s, both
+    unchanged; the 8-stage preset 3.749 to 3.746 s in 37 s at 60 GB, about 6.19 to
+    5.965 s at 40 GB, where the answer was 5.212 s), so where that start is far behind
+    it cannot win, and the order models need the time: the 4-stage preset at 80 GB
+    ended at 8.099 s on the V shape with 7 s of search there, and at 7.863 s with this
+    rule. On the benchmark's problems it did not run at all (its cells up to 256 stage
+    x microbatch cells at S/2 and S with offload, the same day, by hand).
     """
     start = min([_makespan_of(runs, "linear")] +
                 [c.makespan for c in _fitting_on(fixed, linear.placement, linear.split,
