@@ -448,13 +448,18 @@ def test_a_model_with_prefix_cuts_leaves_the_time_to_the_full_model(
     best_hint = min(simulate(problem, s).makespan for s in pool)
     assert best_hint > cuts.makespan_bound(16) * (1 + cpsat.WINDOWLESS_GAP)
     result = solve_cpsat(problem, warm_start=pool, time_limit=40, threads=2, cuts=cuts)
-    assert "window_steps" not in result.extra and "closing_run" not in result.extra
+    assert "windows" not in result.extra and "window_steps" not in result.extra
+    assert "closing_run" not in result.extra
     assert result.status == OPTIMAL
     assert result.objective == pytest.approx(82.8)
     monkeypatch.setattr(cpsat, "WINDOWLESS_MAX_CELLS_WITH_CUTS",
                         problem.stages * problem.microbatches - 1)
     result = solve_cpsat(problem, warm_start=pool, time_limit=40, threads=2, cuts=cuts)
-    assert result.extra.get("window_steps", 0) >= 1
+    # the windows are chosen; whether a step runs depends on whether the full model's
+    # first share (at least 0.1 s, and its load) has proven the optimum already, which
+    # with these cuts it sometimes does (a CI run, 2026-12-04)
+    assert result.extra.get("windows") == "microbatch"
+    assert result.extra.get("window_steps", 0) >= 1 or result.status == OPTIMAL
     assert result.objective == pytest.approx(82.8)
 
 

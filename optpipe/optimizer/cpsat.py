@@ -1170,6 +1170,10 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
         raw = solver.objective_value
         best_bound = solver.best_objective_bound
     windows = "microbatch" if decompose else "time" if by_time else None
+    if windows:
+        # the search chose windows, whether or not any runs (the full model's share may
+        # already have proven the optimum): recorded, so that the rule can be checked
+        extra["windows"] = windows
     if windows and status != OPTIMAL and not offload and timed.makespan > best_bound and \
             deadline - time.monotonic() > 1:
         from optpipe.optimizer.decompose import time_window_search, window_search
