@@ -1016,11 +1016,11 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
     """
     incumbent = best_fixed.makespan if best_fixed is not None else math.inf
     linear = next((sp for sp in spaces if sp.label == "linear"), None)
-    # the offload model (one stage per device) can only help below the incumbent
+    # the offload model (one stage per device) can only help below the incumbent, and
+    # only from a start within its reach (checked before each placement's run below)
     offload_model = (use_offload and linear is not None
                      and _offload_model_built(problem)
-                     and linear.bound < incumbent * (1 - 1e-9)
-                     and _offload_model_reaches(problem, linear, fixed, runs, incumbent))
+                     and linear.bound < incumbent * (1 - 1e-9))
     order_deadline = time.monotonic() + (deadline - time.monotonic()) * (
         ORDER_SHARE_WITH_OFFLOAD if offload_model else 1.0)
     pool = _hint_pool(fixed, split_backward)
@@ -1147,14 +1147,15 @@ def _offload_model_reaches(problem: Problem, linear: _Space, fixed: FixedSet,
 
     Why: hinted with its start, the offload model ends at most about 12% below it in
     the minute (2026-12-04, by hand: 4 x 8 at half of 1F1B's memory with a 2 s
-    transfer, 42.0 to 36.9 s; on the presets where it runs much less — llama2-13b on 8
+    transfer, 42.0 to 36.9-38.7 s; on the presets where it runs much less — llama2-13b on 8
     A100-40GB 11.177 s in 51 s and the 4-stage preset at 80 GB 11.139 s in 27 s, both
-    unchanged; the 8-stage preset 3.749 to 3.746 s at 60 GB, about 6.19 to 5.965 s at
+    unchanged; the 8-stage preset 3.749 to 3.746 s at 60 GB, 6.032 to 5.965 s at
     40 GB), so where that start is further behind it cannot win, and the order models
     need the time: the 4-stage preset at 80 GB, 39% behind, ended at 8.099 s on the V
-    shape with 7 s of search there, and at 7.863 s with this rule. On the benchmark's
-    problems it did not run at all (its cells up to 256 stage x microbatch cells at S/2
-    and S with offload, the same day, by hand).
+    shape with 7 s of search there, and at 7.86-7.92 s with this rule (``python
+    scripts/bench_offload_reach.py`` compares the presets with and without it). On the
+    benchmark's problems it did not run at all (its cells up to 256 stage x microbatch
+    cells at S/2 and S with offload, the same day, by hand).
     """
     start = min([_makespan_of(runs, "linear")] +
                 [c.makespan for c in _fitting_on(fixed, linear.placement, linear.split,
