@@ -106,19 +106,21 @@ def test_a_passed_deadline_stops_before_the_first_try() -> None:
 
 
 def test_the_driver_returns_them_as_its_own_answer_only_with_offload() -> None:
-    """With offload the answer is an offloaded list schedule, stamped ``optpipe`` with
-    its plan in ``warm_start`` (not a fallback: no engine searches offload on chunked
-    placements); without offload none of them is even considered."""
+    """With offload the answer is an offloaded list schedule (a plan fitted by
+    offloading, ``-x<factor>``, or an offload-aware one, ``offlist-``), stamped
+    ``optpipe`` with its plan in ``warm_start`` (not a fallback: no engine searches
+    offload on chunked placements); without offload none of them is even considered."""
     problem = half_budget(4, 8)
     result = solve(problem, offload=True, cache=False, time_limit=10, progress=False)
     assert result.sim.fits and result.schedule.offloads
     assert result.status in ("feasible", "optimal")
     assert result.schedule.name == "optpipe"
-    assert "-x" in result.schedule.provenance["warm_start"]
+    start = result.schedule.provenance["warm_start"]
+    assert "-x" in start or start.startswith("offlist-"), start
     assert result.sim.makespan < simulate(problem, generate("pipeoffload", problem)).makespan
     plain = solve(problem, offload=False, cache=False, time_limit=10, progress=False)
     assert not plain.schedule.offloads
-    assert not any("-x" in c.name for c in plain.fixed)
+    assert not any("-x" in c.name or c.name.startswith("offlist-") for c in plain.fixed)
 
 
 def test_auto_offload_beyond_the_offload_models_size_only_where_memory_binds_hard() -> None:
@@ -236,5 +238,6 @@ def test_left_over_time_goes_to_searched_plans_4x8() -> None:
     if warm.startswith("cpsat-x"):
         assert "CP-SAT's order model planned for" in result.message
     # the left-over time is accounted for in the message
-    assert re.search(r"then \d+ s on offloaded plans \(\d+ of CP-SAT's for looser budgets, "
+    assert re.search(r"then \d+ s on offloaded plans \((\d+ randomized offload-aware list "
+                     r"schedules, )?\d+ of CP-SAT's for looser budgets, "
                      r"\d+ finer list-plan factors\): ", result.message)

@@ -76,13 +76,14 @@ _PACKAGE = Path(__file__).resolve().parent.parent
 #: cells skips the microbatch windows whatever its hint; 28: with offload, the
 #: offload model runs only while one stage per device's best start is within
 #: :data:`~.driver.OFFLOAD_MODEL_REACH` of the incumbent, else its time goes to the
-#: order models). A cached
+#: order models; 29: with offload, the offloaded search starts from offload-aware list
+#: schedules, :mod:`~.offload_list`, before the plans fitted by offloading). A cached
 #: schedule from an older search that was not proven optimal is solved again: the same
 #: problem and time limit may now give a faster one. Not bumped for the warm-up memory
 #: bound (2026-12-01): it proves more but searches the same way (the window search
 #: still keys on the round trip), so a cached answer would come back no faster; its
 #: stored bound is true, only weaker.
-SEARCH_REVISION = 28
+SEARCH_REVISION = 29
 
 
 def cache_dir() -> Path:

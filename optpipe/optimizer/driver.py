@@ -116,11 +116,21 @@ CHUNKED_EXTEND_MAX_SOURCE_CELLS = 256
 #: (:func:`_refine_offloaded`).
 OFFLOAD_STARTS_SHARE = 0.2
 OFFLOAD_STARTS_SHARE_SOFT = 0.08
+#: The time the offload-aware list schedules (:mod:`.offload_list`) may take before the
+#: plans fitted by offloading, as a share of theirs (added to it); the first variant on
+#: every placement runs whatever the time. Why first: where the host link is slow next
+#: to compute they are far ahead (``--stages 8 --mem 40GB``: 4.05 s against the fitted
+#: plans' 5.21 s), and a variant costs 0.02-0.3 s up to 16 x 32, while where the link
+#: is fast the fitted plans can win and still run.
+OFFLOAD_LIST_SHARE = 0.5
 #: Time the search leaves over goes to the winning offloaded start's neighbours
 #: (:func:`_refine_offloaded`): CP-SAT's plans get this share of it, each at most
 #: :data:`REFINE_PLAN_SECONDS` (16 x 16 at S/2: optimal for the looser budget in 5-11 s),
 #: the finer factors the rest, then the plans not yet tried whatever is left.
 REFINE_PLAN_SHARE = 0.6
+#: Where an offload-aware list schedule (:mod:`.offload_list`) won, randomized runs near
+#: its variant (:func:`.offload_list.randomized`) get this share of the time left first.
+REFINE_RANDOMIZED_SHARE = 0.5
 REFINE_PLAN_SECONDS = 15.0
 DEFAULT_LEVELS = (1.0,)
 FALLBACK = "fallback"
@@ -476,11 +486,40 @@ def _add_offloaded_starts(problem: Problem, fixed: FixedSet, split_backward: boo
     to 108.95 s, in the table's run). The chunked placements first, factor by factor
     (they gave every fastest one; interleaved chunks before the V shape), one stage
     per device last, until ``seconds`` have passed.
+
+    Before them (search revision 29) the offload-aware list schedules
+    (:mod:`.offload_list`), which decide the transfers as they are built: the first
+    variant on every placement whatever the time, the others and then randomized runs
+    of the best one's greedy within :data:`OFFLOAD_LIST_SHARE` of ``seconds`` (on top
+    of it: the fitted plans keep their own ``seconds``; a variant costs 0.02-0.3 s up
+    to 16 x 32). Randomized runs here too, not only with the time the search leaves
+    over: at ``--stages 4 --mem 80GB`` the V shape's order model keeps the whole
+    minute (and the library's 180 s) without beating the offloaded start, 7.249 s.
     """
+    from optpipe.optimizer.offload_list import VARIANTS, offload_list_schedules, randomized
     from optpipe.optimizer.offload_starts import FACTORS, offloaded_list_schedules
 
     linear = linear_placement(problem.devices)
     shapes = _shapes(problem, split_backward, allowed)
+    # the offload-aware list schedules first (chunked placements first): the first
+    # variant on each placement, then the others while OFFLOAD_LIST_SHARE of the time lasts
+    until = time.monotonic() + seconds * OFFLOAD_LIST_SHARE
+    ordered = sorted(shapes, key=lambda s: (s[1] == linear, s[0] != "interleaved"))
+    for variants in (VARIANTS[:1], VARIANTS[1:]):
+        for label, place, split in ordered:
+            _add_fitting(problem, fixed, offload_list_schedules(
+                problem, place, split, variants=variants,
+                deadline=None if variants == VARIANTS[:1] else until), label)
+    # what is left of that share: randomized runs of the best one's greedy, here rather
+    # than only with time the search leaves over, which an engine may keep
+    listed = _best([c for c in fixed.candidates if "offload_list" in c.schedule.provenance])
+    if listed is not None and time.monotonic() < until:
+        found, _ = randomized(problem, listed.schedule.placement,
+                              listed.schedule.splits_backward,
+                              listed.schedule.provenance["offload_list"], deadline=until,
+                              bar=listed.makespan)
+        _add_fitting(problem, fixed, [found] if found else [],
+                     listed.schedule.provenance["placement"])
     tries = sorted(((factor, shape) for factor in FACTORS for shape in shapes),
                    key=lambda t: (t[1][1] == linear, FACTORS.index(t[0]),
                                   t[1][0] != "interleaved"))
@@ -519,23 +558,30 @@ def _refine_offloaded(problem: Problem, fixed: FixedSet, runs: list[EngineResult
     :data:`REFINE_PLAN_SECONDS`; once every factor and placement has had CP-SAT's default
     seed, the others of :data:`~.offload_starts.PLAN_SEEDS` (a plan's fit depends on
     which optimal order the seed picks: 4 x 8 at S/2, 26.0 s with the default alone,
-    25.65 s, proven, with seed 0). Only when the answer would be an offloaded start (no
-    engine run beat it), until one meets ``bound``. Returns what it did, for the
+    25.65 s, proven, with seed 0). Since search revision 29, randomized runs of the best
+    offload-aware list schedule's greedy (:func:`.offload_list.randomized`) get
+    :data:`REFINE_RANDOMIZED_SHARE` of the time first (by hand, 20 s each: 4.05 -> 3.92 s
+    at ``--stages 8 --mem 40GB``, 7.25 -> 7.12 s at ``--stages 4 --mem 80GB``). Only when
+    the answer would be an offloading schedule (pipeoffload's too, since revision 29;
+    no engine run beat it), until one meets ``bound``. Returns what it did, for the
     result's message (the time is otherwise unaccounted for: no engine's run shows it),
     or None when it did not run.
     """
+    from optpipe.optimizer.offload_list import randomized
     from optpipe.optimizer.offload_starts import (FINER_FACTORS, PLAN_SEEDS,
                                                   SEARCHED_FACTORS,
                                                   offloaded_list_schedules,
                                                   offloaded_searched_plan)
 
     best = _bar(fixed, True, split_backward)
-    if best is None or "factor" not in best.schedule.provenance or any(
+    if best is None or not best.schedule.offloads or any(
             r.objective is not None and r.objective < best.makespan * (1 - 1e-9)
             for r in runs):
         return None
     began, before = time.monotonic(), best.makespan
-    won = best.schedule.provenance["placement"]
+    listed = _best([c for c in fixed.candidates if "offload_list" in c.schedule.provenance])
+    won = best.schedule.provenance.get("placement") or (
+        listed.schedule.provenance["placement"] if listed else None)
     linear = linear_placement(problem.devices)
     shapes = sorted(_shapes(problem, split_backward, allowed), key=lambda s: s[0] != won)
     plan_deadline = time.monotonic() + (deadline - time.monotonic()) * REFINE_PLAN_SHARE
@@ -562,8 +608,19 @@ def _refine_offloaded(problem: Problem, fixed: FixedSet, runs: list[EngineResult
             if heartbeat:
                 heartbeat()
 
-    search_plans(plan_deadline)
     label, place, split = shapes[0]                  # the winner's placement
+    randomized_runs = 0
+    if listed is not None:
+        # randomized runs near the best offload-aware list schedule's variant first
+        found, randomized_runs = randomized(
+            problem, listed.schedule.placement, listed.schedule.splits_backward,
+            listed.schedule.provenance["offload_list"],
+            deadline=time.monotonic() + (deadline - time.monotonic()) * REFINE_RANDOMIZED_SHARE,
+            bar=_bar_makespan(fixed, split_backward))
+        _add_fitting(problem, fixed, [found] if found else [],
+                     listed.schedule.provenance["placement"])
+        plan_deadline = time.monotonic() + (deadline - time.monotonic()) * REFINE_PLAN_SHARE
+    search_plans(plan_deadline)
     for finer in FINER_FACTORS:
         if time.monotonic() > deadline or proven():
             break
@@ -577,8 +634,11 @@ def _refine_offloaded(problem: Problem, fixed: FixedSet, runs: list[EngineResult
     after = _bar_makespan(fixed, split_backward)
     found = (f"{format_seconds(before)} -> {format_seconds(after)}"
              if after is not None and after < before * (1 - 1e-9) else "nothing faster")
-    return (f"then {time.monotonic() - began:.0f} s on offloaded plans ({planned - len(plans)} "
-            f"of CP-SAT's for looser budgets, {finer_tried} finer list-plan factors): {found}")
+    randomized_note = (f"{randomized_runs} randomized offload-aware list schedules, "
+                       if randomized_runs else "")
+    return (f"then {time.monotonic() - began:.0f} s on offloaded plans ({randomized_note}"
+            f"{planned - len(plans)} of CP-SAT's for looser budgets, {finer_tried} finer "
+            f"list-plan factors): {found}")
 
 
 def _add_periodic(problem: Problem, fixed: FixedSet, split_backward: bool,

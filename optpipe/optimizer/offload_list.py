@@ -1,0 +1,367 @@
+"""Offload-aware list schedules: compute order and transfers decided together.
+
+Why: where the host link is slow next to compute (the presets at tight budgets: on
+8 H100s at 40 GB a chunk's activation takes 0.033 s to copy out, its forward 0.018 s),
+a plan made for a looser budget and fitted by offloading afterwards
+(:mod:`.offload_starts`) keeps more activations in flight than the link can move, and the
+fitting then holds devices back until only a few stay (``--stages 8 --mem 40GB``: the
+interleaved plan for 3 x the room runs 3.96 s and fits at 6.6 s). Here the transfers are
+planned as the schedule is built, under the simulator's own rules, so a forward starts
+only when the copies already under way have made room for it.
+
+The greedy, one event at a time as :func:`.listsched.list_schedule` (whenever a device
+is free it runs the first ready task by: a backward first, then a forward that fits,
+then a W; ``eager_w`` runs W's before forwards), with the simulator's transfer rules
+(:mod:`optpipe.simulator`): an OFFLOAD is listed right after each forward whose
+activation would otherwise sit idle longer than the copy out and back (its path to its
+own backward, :func:`.preprocess.tails`-style, is at least ``away`` times the two
+copies); a RELOAD is listed after the device's latest compute action once the
+backward's gradient is due within the copy's time (estimated from the part of the
+microbatch's backward path already placed); memory is counted with
+:mod:`optpipe.memory.accounting` at the simulator's moments (a forward's bytes at its
+start, an OFFLOAD's release at its end, a RELOAD's reservation at its issue). A forward
+that fits only once an OFFLOAD under way has ended waits for it with the OFFLOAD's
+``wait`` flag, which the simulator honours; that is possible when no action listed after
+that OFFLOAD would be held back by it, else the device runs something else or stays idle.
+
+Every schedule is judged by the simulator before use; the internal times are the
+simulator's own in all cases tested (``tests/test_offload_list.py``).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+import time
+from typing import Sequence
+
+from optpipe.memory.accounting import memory_delta, transfer_bytes
+from optpipe.optimizer.preprocess import Key, TaskGraph, tails, task_graph
+from optpipe.problem import Problem
+from optpipe.schedule import Action, Op, Schedule
+
+_EPS = 1e-12
+#: The variants :func:`offload_list_schedules` tries, in this order: (eager_w, reserve,
+#: away). ``reserve``: activations of room a forward leaves for reloads; ``away``: how
+#: many times the two copies a forward's activation must be expected to sit idle to go
+#: out. The first was the fastest on most problems measured
+#: (``python scripts/bench_offload_list.py``), so a short deadline still runs it.
+VARIANTS = ((False, 0, 1.0), (False, 1, 1.0), (False, 0, 2.0), (True, 0, 1.0),
+            (True, 0, 2.0), (False, 1, 2.0), (True, 1, 1.0), (True, 1, 2.0))
+
+
+class _Device:
+    """What the greedy tracks per device, in the simulator's terms."""
+
+    def __init__(self, room: float) -> None:
+        self.room = room
+        self.free = 0.0                 # compute stream free (= last compute end)
+        self.held = 0.0                 # end of the last OFFLOAD marked wait
+        self.d2h = 0.0                  # channel free times
+        self.h2d = 0.0
+        self.base = 0.0                 # bytes held from events up to now
+        self.pending: list[tuple[float, int, float]] = []  # (time, alloc?, delta) ahead
+        self.actions: list[Action] = []
+        self.issue: list[float] = []    # when each listed action is issued
+        self.last_offload: int | None = None   # index in actions
+
+    def settle(self) -> None:
+        """Fold every event up to the stream's free time into ``base``: every later
+        check is at or after it (a task starts no earlier than the stream is free)."""
+        while self.pending and self.pending[0][0] <= self.free:
+            self.base += heapq.heappop(self.pending)[2]
+
+    def add(self, when: float, delta: float) -> None:
+        heapq.heappush(self.pending, (when, 0 if delta < 0 else 1, delta))
+
+    def fits(self, t: float, size: float) -> bool:
+        """Do ``size`` more bytes from ``t`` on stay within the room at every later
+        moment, given the events already listed? (``t`` >= the stream's free time.)"""
+        self.settle()
+        events = sorted(self.pending)
+        level = self.base + size + sum(e[2] for e in events if e[0] <= t)
+        if level > self.room + 1e-6:
+            return False
+        for when, _, delta in events:     # exact times, as the simulator orders them
+            if when > t:
+                level += delta
+                if level > self.room + 1e-6:
+                    return False
+        return True
+
+
+def offload_list_schedule(problem: Problem, placement: Sequence[int],
+                          split_backward: bool = True, *, eager_w: bool = False,
+                          reserve: float = 0, away: float = 1.0, lead: float = 1.0,
+                          jitter: float = 0.0, seed: int = 0,
+                          graph: TaskGraph | None = None) -> Schedule | None:
+    """One offload-aware list schedule (module docstring), or None when it stalls.
+
+    ``lead``: a reload is listed once its backward is due within ``lead`` times the
+    copy's time (and the next compute action). ``jitter``: each task's priority (its
+    path to the end) is scaled by a random factor within ``1 +- jitter`` (``seed``), for
+    the randomized runs the driver makes with time left over (:func:`randomized`)."""
+    if graph is None:
+        graph = task_graph(problem, split_backward, placement)
+    split = graph.problem
+    place = list(placement)
+    D, M = split.devices, split.microbatches
+    stages_on = [[s for s in range(split.stages) if place[s] == d] for d in range(D)]
+    ops = graph.ops
+    bwd = Op.B if split_backward else Op.BW
+    tail = tails(graph)
+    rng = random.Random(seed)
+    prio = {k: (-(tail[k] + graph.duration[k]) * (1 + rng.uniform(-jitter, jitter)), k[2])
+            for k in graph.keys}
+    succ: dict[Key, list[tuple[Key, float]]] = {k: [] for k in graph.keys}
+    for k, preds in graph.deps.items():
+        for p, lag in preds:
+            succ[p].append((k, lag))
+    last = split.stages - 1
+    # a forward's activation sits idle at least this long: its path to its backward
+    path = {}
+    for s in range(split.stages):
+        length = 0.0
+        for x in range(s + 1, split.stages):
+            length += split.forward[x] + (split.p2p if place[x] != place[x - 1] else 0)
+        for x in range(last, s, -1):
+            length += graph.duration[(bwd, x, 0)] + (
+                split.p2p if place[x] != place[x - 1] else 0)
+        path[s] = length
+    goes_out = [split.activation[s] > 0 and path[s] >= away * (
+        split.offload_time(s) + split.reload_time(s)) for s in range(split.stages)]
+    reserve_bytes = [reserve * max((split.activation[x] for x in stages_on[d]), default=0)
+                     for d in range(D)]
+
+    dev = [_Device(split.budget[d] - split.static[d]) for d in range(D)]
+    shortest = [min(graph.duration[(op, x, 0)] for x in stages_on[d] for op in ops)
+                for d in range(D)]
+    end: dict[Key, float] = {}
+    offload_end: dict[tuple[int, int], float] = {}
+    reload_end: dict[tuple[int, int], float] = {}
+    # per device and stage, the offloaded microbatches not yet reloaded (FIFO order)
+    waiting_reload: list[dict[int, list[int]]] = [{x: [] for x in stages_on[d]}
+                                                   for d in range(D)]
+    nxt = {(op, s): 0 for s in range(split.stages) for op in ops}
+    tick = itertools.count()
+    wake: list[tuple[float, int, int]] = [(0.0, next(tick), d) for d in range(D)]
+    left = len(graph.keys)
+
+    def ready_at(key: Key) -> float | None:
+        t = 0.0
+        for p, lag in graph.deps[key]:
+            if p not in end:
+                return None
+            t = max(t, end[p] + lag)
+        if key[0] is bwd and (key[1], key[2]) in offload_end:
+            if (key[1], key[2]) not in reload_end:
+                return None
+            t = max(t, reload_end[(key[1], key[2])])
+        return t
+
+    def due(s: int, m: int) -> float:
+        """Earliest moment the backward (s, m) can have its gradient, from what is placed."""
+        extra = 0.0
+        x = s + 1
+        while x <= last:
+            k = (bwd, x, m)
+            lag = split.p2p if place[x] != place[x - 1] else 0.0
+            if k in end:
+                return end[k] + lag + extra
+            extra += graph.duration[k] + lag
+            x += 1
+        f = (Op.F, last, m)
+        if f in end:
+            return end[f] + extra
+        return float("inf")
+
+    def list_transfer(d: int, op: Op, s: int, m: int, at_issue: float) -> float:
+        """Append a transfer issued at ``at_issue``; its end."""
+        dv = dev[d]
+        action = Action(op, s, m)
+        length = transfer_bytes(split, action) / (
+            split.d2h_bandwidth if op is Op.OFFLOAD else split.h2d_bandwidth)
+        if op is Op.OFFLOAD:
+            start = max(at_issue, dv.d2h, end[(Op.F, s, m)])
+            dv.d2h = start + length
+            dv.add(start + length, memory_delta(split, action)[1])
+            dv.last_offload = len(dv.actions)
+        else:
+            start = max(at_issue, dv.h2d, offload_end[(s, m)])
+            dv.h2d = start + length
+            dv.add(at_issue, memory_delta(split, action)[1])
+        dv.actions.append(action)
+        dv.issue.append(at_issue)
+        return start + length
+
+    def issue_reloads(d: int, horizon: float, most: int | None = None) -> None:
+        """List the reloads (earliest due first) whose backward is due before
+        ``horizon``, the next chance to issue them, while they fit; ``most`` caps how
+        many. In due order, stopping at the first that does not fit: a later one would
+        take the room the earlier backward needs."""
+        dv = dev[d]
+        at = max(dv.free, dv.held)
+        # the backwards of a stage run in microbatch order: its next two are the candidates
+        pending = sorted((due(x, m), (x, m)) for x, waiting in waiting_reload[d].items()
+                         for m in waiting[:2])
+        for when, (s, m) in pending[:most]:
+            if when == float("inf") or when - lead * split.reload_time(s) > horizon:
+                break
+            if not dv.fits(at, transfer_bytes(split, Action(Op.RELOAD, s, m))):
+                break
+            waiting_reload[d][s].remove(m)
+            reload_end[(s, m)] = list_transfer(d, Op.RELOAD, s, m, at)
+            heapq.heappush(wake, (reload_end[(s, m)], next(tick), d))
+
+    def wait_for(d: int, size: float, ready: float) -> float | None:
+        """Mark the last OFFLOAD ``wait`` so that a forward of ``size`` bytes, ready at
+        ``ready``, fits once it has ended, if that holds nothing already listed back
+        (every action listed after it is issued no earlier); the forward's start."""
+        dv = dev[d]
+        i = dv.last_offload
+        if i is None or dv.actions[i].wait:
+            return None
+        when = offload_end[(dv.actions[i].stage, dv.actions[i].microbatch)]
+        start = max(ready, when)
+        if any(issue < when for issue in dv.issue[i + 1:]) or not dv.fits(start, size):
+            return None
+        dv.actions[i] = Action(Op.OFFLOAD, dv.actions[i].stage, dv.actions[i].microbatch,
+                               wait=True)
+        dv.held = max(dv.held, when)
+        return start
+
+    def pick(d: int, t: float) -> tuple[Key, float] | None:
+        """The task device ``d`` runs next and its start, as the simulator will time it:
+        the latest of the stream's free time, the hold and the inputs (which may be
+        before ``t`` when the device sat idle)."""
+        dv = dev[d]
+        ready = {}
+        for s in stages_on[d]:
+            for op in ops:
+                if nxt[(op, s)] < M:
+                    k = (op, s, nxt[(op, s)])
+                    r = ready_at(k)
+                    if r is not None and r <= t + _EPS:
+                        ready[k] = max(dv.free, dv.held, r)
+        backward = [k for k in ready if k[0] in (Op.B, Op.BW)]
+        if backward:
+            k = min(backward, key=prio.__getitem__)
+            return k, ready[k]
+        weights = sorted((k for k in ready if k[0] is Op.W), key=lambda k: (k[2], k[1]))
+        if eager_w and weights:
+            return weights[0], ready[weights[0]]
+        forwards = sorted((k for k in ready if k[0] is Op.F), key=prio.__getitem__)
+        for k in forwards:
+            if dv.fits(ready[k], split.activation[k[1]] + reserve_bytes[d]):
+                return k, ready[k]
+        if weights:
+            return weights[0], ready[weights[0]]
+        for k in forwards:
+            start = wait_for(d, split.activation[k[1]] + reserve_bytes[d], ready[k])
+            if start is not None:
+                return k, start
+        return None
+
+    while wake and left:
+        t = wake[0][0]
+        devices = set()
+        while wake and wake[0][0] <= t + _EPS:
+            devices.add(heapq.heappop(wake)[2])
+        for d in sorted(devices):
+            dv = dev[d]
+            if dv.free > t + _EPS or dv.held > t + _EPS:
+                continue
+            issue_reloads(d, t + shortest[d])
+            chosen = pick(d, t)
+            if chosen is None:
+                issue_reloads(d, float("inf"), 1)   # idle: bring back the next one due
+                continue
+            key, start = chosen
+            op, s, m = key
+            finish = start + graph.duration[key]
+            end[key] = finish
+            dv.free = finish
+            action = Action(op, s, m)
+            moment, delta = memory_delta(split, action)
+            dv.add(start if moment == "start" else finish, delta)
+            dv.actions.append(action)
+            dv.issue.append(start)
+            nxt[(op, s)] += 1
+            left -= 1
+            if op is Op.F and goes_out[s]:
+                offload_end[(s, m)] = list_transfer(d, Op.OFFLOAD, s, m, finish)
+                waiting_reload[d][s].append(m)
+                heapq.heappush(wake, (offload_end[(s, m)], next(tick), d))
+            heapq.heappush(wake, (finish, next(tick), d))
+            for n, lag in succ[key]:
+                heapq.heappush(wake, (finish + lag, next(tick), place[n[1]]))
+    if left:
+        return None
+    name = f"offlist{'-eager' if eager_w else ''}-r{reserve:g}-a{away:.3g}" + (
+        f"-l{lead:.3g}" if lead != 1.0 else "") + (f"-j{jitter:.2g}" if jitter else "")
+    schedule = Schedule(name=name, stages=len(place), devices=D,
+                        microbatches=problem.microbatches, placement=place,
+                        actions=[dv.actions for dv in dev],
+                        provenance={"source": "optimizer", "name": name,
+                                    "planned_by": "an offload-aware list schedule",
+                                    "offload_list": {"eager_w": eager_w, "reserve": reserve,
+                                                     "away": away, "lead": lead,
+                                                     "jitter": jitter, "seed": seed},
+                                    "planned_makespan": max(end.values(), default=0.0)})
+    return schedule.validate()
+
+
+def offload_list_schedules(problem: Problem, placement: Sequence[int],
+                           split_backward: bool = True, *,
+                           variants: Sequence[tuple[bool, int, float]] = VARIANTS,
+                           deadline: float | None = None) -> list[Schedule]:
+    """``variants`` (:data:`VARIANTS`) on ``placement`` in order, until ``deadline``
+    (``time.monotonic()``; checked before each): the schedules built (unsimulated)."""
+    out: list[Schedule] = []
+    if not variants or (deadline is not None and time.monotonic() > deadline):
+        return out
+    graph = task_graph(problem, split_backward, placement)
+    for eager_w, reserve, away in variants:
+        if deadline is not None and time.monotonic() > deadline:
+            break
+        schedule = offload_list_schedule(problem, placement, split_backward,
+                                         eager_w=eager_w, reserve=reserve, away=away,
+                                         graph=graph)
+        if schedule is not None:
+            out.append(schedule)
+    return out
+
+
+def randomized(problem: Problem, placement: Sequence[int], split_backward: bool,
+               around: dict, *, deadline: float, seed: int = 0,
+               bar: float | None = None) -> tuple[Schedule | None, int]:
+    """Randomized runs near the variant ``around`` (a schedule's
+    ``provenance["offload_list"]``) until ``deadline``: the reload lead, the offload
+    threshold and the reserve drawn near it, priorities jittered by up to 10%. Returns
+    the fastest schedule that fits and beats ``bar`` (simulated), or None, and how many
+    runs were made.
+
+    Why: a greedy's choices hang on ties and thresholds, and one run costs 0.1-0.5 s up
+    to 8 x 32, so the time the search leaves over buys hundreds of tries (a GRASP)."""
+    from optpipe.simulator import simulate
+
+    graph = task_graph(problem, split_backward, placement)
+    rng = random.Random(seed)
+    best: tuple[float, Schedule] | None = None
+    runs = 0
+    while time.monotonic() < deadline:
+        runs += 1
+        schedule = offload_list_schedule(
+            problem, placement, split_backward, eager_w=bool(around["eager_w"]),
+            reserve=max(0.0, around["reserve"] + rng.choice((-0.5, 0.0, 0.0, 0.5))),
+            away=around["away"] * rng.uniform(0.6, 1.5),
+            lead=rng.uniform(0.5, 2.5), jitter=rng.uniform(0.0, 0.1),
+            seed=rng.randrange(1 << 30), graph=graph)
+        if schedule is None:
+            continue
+        result = simulate(problem, schedule)
+        limit = best[0] if best else (bar if bar is not None else float("inf"))
+        if result.fits and result.makespan < limit * (1 - 1e-9):
+            best = (result.makespan, schedule)
+    return (None if best is None else best[1]), runs

@@ -1,0 +1,115 @@
+"""Offload-aware list schedules (:mod:`optpipe.optimizer.offload_list`).
+
+Why these tests: the greedy admits each forward and reload on its own count of the
+simulator's memory and times, so the schedules it returns are only as good as that
+count — if it drifts from the simulator (a release counted a moment early, a wait that
+holds back what was already timed) the schedule goes over budget. So: on uneven random
+problems, every placement, split and fused, every variant, the planned step equals the
+simulated one and every device stays within its budget; and where the host link is slow
+next to compute (the 8-stage preset at 40 GB) they are faster than the plans fitted by
+offloading, which is why the driver runs them.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from optpipe.costmodel import default_problem
+from optpipe.optimizer.driver import solve
+from optpipe.optimizer.offload_list import (VARIANTS, offload_list_schedule,
+                                            offload_list_schedules)
+from optpipe.optimizer.offload_starts import offloaded_list_schedules
+from optpipe.optimizer.preprocess import lower_bound, task_graph
+from optpipe.schedule import Op, interleaved_placement, linear_placement, v_placement
+from optpipe.simulator import simulate
+from test_optimizer_engine import random_problem
+
+PLACEMENTS = {"linear": linear_placement, "v": v_placement,
+              "interleaved": lambda d: interleaved_placement(d, 2)}
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("shape", sorted(PLACEMENTS))
+def test_the_planned_step_is_the_simulated_one_and_fits(seed: int, shape: str) -> None:
+    rng = random.Random(seed)
+    problem = random_problem(rng, rng.choice([3, 4]), rng.choice([4, 6, 8]),
+                             rng.choice([1.0, 1.5, 2.0]), rng.choice([0.0, 0.05]))
+    place = PLACEMENTS[shape](problem.devices)
+    for split in (True, False):
+        bound = lower_bound(task_graph(problem, split, place))
+        for eager_w, reserve, away in VARIANTS:
+            schedule = offload_list_schedule(problem, place, split, eager_w=eager_w,
+                                             reserve=reserve, away=away)
+            if schedule is None:
+                continue
+            result = simulate(problem, schedule)
+            assert result.fits, (schedule.name, result.peak_memory, result.budget)
+            assert result.makespan == pytest.approx(
+                schedule.provenance["planned_makespan"], abs=1e-9), schedule.name
+            assert result.makespan >= bound - 1e-9
+            assert schedule.provenance["source"] == "optimizer"
+
+
+def test_a_slow_host_link_is_used_better_than_by_fitted_plans() -> None:
+    """8 H100s at 40 GB, 16 microbatches: a chunk's copy takes about twice its forward.
+    The offload-aware schedules offload, fit, and beat every plan fitted by offloading
+    (the driver's other offloaded starts) on both chunked placements."""
+    problem = default_problem(8, 16, budget="40GB")
+    for shape in ("interleaved", "v"):
+        place = PLACEMENTS[shape](8)
+        made = offload_list_schedules(problem, place)
+        assert made
+        results = [simulate(problem, s) for s in made]
+        assert all(r.fits for r in results)
+        assert all(any(a.op is Op.OFFLOAD for acts in s.actions for a in acts) for s in made)
+        fitted = [simulate(problem, s).makespan
+                  for s in offloaded_list_schedules(problem, place)]
+        assert min(r.makespan for r in results) < min(fitted, default=float("inf"))
+
+
+def test_a_deadline_stops_between_variants() -> None:
+    problem = default_problem(8, 8, budget="40GB")
+    place = PLACEMENTS["v"](8)
+    assert offload_list_schedules(problem, place, deadline=0.0) == []
+    one = offload_list_schedules(problem, place, variants=VARIANTS[:1])
+    assert len(one) == 1
+    assert one[0].provenance["offload_list"] == {
+        "eager_w": False, "reserve": 0, "away": 1.0, "lead": 1.0, "jitter": 0.0, "seed": 0}
+
+
+def test_the_driver_hands_them_on_with_offload_only() -> None:
+    """With offload the driver's answer on the 40 GB preset is no slower than the
+    offload-aware schedule it starts from; without offload none is among its starts."""
+    problem = default_problem(8, 8, budget="40GB")
+    start = min(simulate(problem, s).makespan
+                for s in offload_list_schedules(problem, PLACEMENTS["interleaved"](8),
+                                                variants=VARIANTS[:1]))
+    with_offload = solve(problem, offload=True, time_limit=8, cache=False)
+    assert with_offload.sim.fits
+    assert with_offload.sim.makespan <= start + 1e-9
+    without = solve(problem, offload=False, time_limit=4, cache=False)
+    assert not without.schedule.offloads
+
+
+def test_randomized_runs_only_return_what_fits_and_beats_the_bar() -> None:
+    """The randomized runs the driver makes with time to spare: whatever they return
+    fits, was simulated faster than the bar, and comes from a jittered variant."""
+    import time
+
+    from optpipe.optimizer.offload_list import randomized
+
+    problem = default_problem(8, 8, budget="40GB")
+    place = PLACEMENTS["interleaved"](8)
+    start = offload_list_schedules(problem, place, variants=VARIANTS[:1])[0]
+    bar = simulate(problem, start).makespan
+    found, runs = randomized(problem, place, True, start.provenance["offload_list"],
+                             deadline=time.monotonic() + 2.0, bar=bar)
+    assert runs >= 1
+    if found is not None:
+        result = simulate(problem, found)
+        assert result.fits and result.makespan < bar
+        assert found.provenance["offload_list"]["jitter"] <= 0.1
+    assert randomized(problem, place, True, start.provenance["offload_list"],
+                      deadline=0.0, bar=bar) == (None, 0)
