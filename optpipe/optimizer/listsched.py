@@ -144,11 +144,8 @@ def list_schedule(problem: Problem, placement: Sequence[int], split_backward: bo
         return None
 
     while wake and left:
-        t = wake[0][0]
-        devices = set()
-        while wake and wake[0][0] <= t + _EPS:
-            devices.add(heapq.heappop(wake)[2])
-        for d in sorted(devices):
+        t, devices = pop_waking(wake)
+        for d in devices:
             if free[d] > t + _EPS:
                 continue
             key = pick(d, t)
@@ -175,6 +172,16 @@ def list_schedule(problem: Problem, placement: Sequence[int], split_backward: bo
     schedule.provenance = {"source": "optimizer", "name": name,
                            "planned_makespan": max(end.values(), default=0.0)}
     return schedule
+
+
+def pop_waking(wake: list[tuple[float, int, int]]) -> tuple[float, list[int]]:
+    """Pop the earliest wake-up time off the heap of ``(time, tie, device)`` and every
+    device due then (within rounding), in device order: the list schedulers' event step."""
+    t = wake[0][0]
+    devices = set()
+    while wake and wake[0][0] <= t + _EPS:
+        devices.add(heapq.heappop(wake)[2])
+    return t, sorted(devices)
 
 
 def list_schedules(problem: Problem, placement: Sequence[int],

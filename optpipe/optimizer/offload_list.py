@@ -37,6 +37,7 @@ import time
 from typing import Sequence
 
 from optpipe.memory.accounting import memory_delta, transfer_bytes
+from optpipe.optimizer.listsched import pop_waking
 from optpipe.optimizer.preprocess import Key, TaskGraph, tails, task_graph
 from optpipe.problem import Problem
 from optpipe.schedule import Action, Op, Schedule
@@ -264,11 +265,8 @@ def offload_list_schedule(problem: Problem, placement: Sequence[int],
         return None
 
     while wake and left:
-        t = wake[0][0]
-        devices = set()
-        while wake and wake[0][0] <= t + _EPS:
-            devices.add(heapq.heappop(wake)[2])
-        for d in sorted(devices):
+        t, devices = pop_waking(wake)
+        for d in devices:
             dv = dev[d]
             if dv.free > t + _EPS or dv.held > t + _EPS:
                 continue
