@@ -496,7 +496,7 @@ def _add_offloaded_starts(problem: Problem, fixed: FixedSet, split_backward: boo
     over: at ``--stages 4 --mem 80GB`` the V shape's order model keeps the whole
     minute (and the library's 180 s) without beating the offloaded start, 7.249 s.
     """
-    from optpipe.optimizer.offload_list import VARIANTS, offload_list_schedules, randomized
+    from optpipe.optimizer.offload_list import VARIANTS, offload_list_schedules
     from optpipe.optimizer.offload_starts import FACTORS, offloaded_list_schedules
 
     linear = linear_placement(problem.devices)
@@ -505,21 +505,13 @@ def _add_offloaded_starts(problem: Problem, fixed: FixedSet, split_backward: boo
     # variant on each placement, then the others while OFFLOAD_LIST_SHARE of the time lasts
     until = time.monotonic() + seconds * OFFLOAD_LIST_SHARE
     ordered = sorted(shapes, key=lambda s: (s[1] == linear, s[0] != "interleaved"))
-    for variants in (VARIANTS[:1], VARIANTS[1:]):
+    for variants, by in ((VARIANTS[:1], None), (VARIANTS[1:], until)):
         for label, place, split in ordered:
             _add_fitting(problem, fixed, offload_list_schedules(
-                problem, place, split, variants=variants,
-                deadline=None if variants == VARIANTS[:1] else until), label)
+                problem, place, split, variants=variants, deadline=by), label)
     # what is left of that share: randomized runs of the best one's greedy, here rather
     # than only with time the search leaves over, which an engine may keep
-    listed = _best([c for c in fixed.candidates if "offload_list" in c.schedule.provenance])
-    if listed is not None and time.monotonic() < until:
-        found, _ = randomized(problem, listed.schedule.placement,
-                              listed.schedule.splits_backward,
-                              listed.schedule.provenance["offload_list"], deadline=until,
-                              bar=listed.makespan)
-        _add_fitting(problem, fixed, [found] if found else [],
-                     listed.schedule.provenance["placement"])
+    _add_randomized(problem, fixed, until)
     tries = sorted(((factor, shape) for factor in FACTORS for shape in shapes),
                    key=lambda t: (t[1][1] == linear, FACTORS.index(t[0]),
                                   t[1][0] != "interleaved"))
@@ -530,6 +522,31 @@ def _add_offloaded_starts(problem: Problem, fixed: FixedSet, split_backward: boo
         _add_fitting(problem, fixed, offloaded_list_schedules(
             problem, place, split, factor, deadline=deadline,
             bar=_bar_makespan(fixed, split_backward)), label)
+
+
+def _best_listed(fixed: FixedSet) -> Candidate | None:
+    """The fastest offload-aware list schedule (:mod:`.offload_list`) in hand."""
+    return _best([c for c in fixed.candidates if "offload_list" in c.schedule.provenance])
+
+
+def _add_randomized(problem: Problem, fixed: FixedSet, deadline: float,
+                    bar: float | None = None) -> int:
+    """Randomized runs of the best offload-aware list schedule's greedy
+    (:func:`.offload_list.randomized`) until ``deadline``; one that fits and beats
+    ``bar`` (default: that schedule) joins ``fixed``. Returns how many runs were made
+    (0 when there is no such schedule)."""
+    from optpipe.optimizer.offload_list import randomized
+
+    listed = _best_listed(fixed)
+    if listed is None or time.monotonic() >= deadline:
+        return 0
+    found, runs = randomized(problem, listed.schedule.placement,
+                             listed.schedule.splits_backward,
+                             listed.schedule.provenance["offload_list"], deadline=deadline,
+                             bar=listed.makespan if bar is None else bar)
+    _add_fitting(problem, fixed, [found] if found else [],
+                 listed.schedule.provenance["placement"])
+    return runs
 
 
 def _bar_makespan(fixed: FixedSet, split_backward: bool) -> float | None:
@@ -560,14 +577,14 @@ def _refine_offloaded(problem: Problem, fixed: FixedSet, runs: list[EngineResult
     which optimal order the seed picks: 4 x 8 at S/2, 26.0 s with the default alone,
     25.65 s, proven, with seed 0). Since search revision 29, randomized runs of the best
     offload-aware list schedule's greedy (:func:`.offload_list.randomized`) get
-    :data:`REFINE_RANDOMIZED_SHARE` of the time first (by hand, 20 s each: 4.05 -> 3.92 s
-    at ``--stages 8 --mem 40GB``, 7.25 -> 7.12 s at ``--stages 4 --mem 80GB``). Only when
+    :data:`REFINE_RANDOMIZED_SHARE` of the time first (20 s each, ``python
+    scripts/bench_offload_list.py --detail``: 4.05 -> 3.912 s at ``--stages 8 --mem
+    40GB``, 7.249 -> 7.122 s at ``--stages 4 --mem 80GB``). Only when
     the answer would be an offloading schedule (pipeoffload's too, since revision 29;
     no engine run beat it), until one meets ``bound``. Returns what it did, for the
     result's message (the time is otherwise unaccounted for: no engine's run shows it),
     or None when it did not run.
     """
-    from optpipe.optimizer.offload_list import randomized
     from optpipe.optimizer.offload_starts import (FINER_FACTORS, PLAN_SEEDS,
                                                   SEARCHED_FACTORS,
                                                   offloaded_list_schedules,
@@ -579,12 +596,11 @@ def _refine_offloaded(problem: Problem, fixed: FixedSet, runs: list[EngineResult
             for r in runs):
         return None
     began, before = time.monotonic(), best.makespan
-    listed = _best([c for c in fixed.candidates if "offload_list" in c.schedule.provenance])
+    listed = _best_listed(fixed)
     won = best.schedule.provenance.get("placement") or (
         listed.schedule.provenance["placement"] if listed else None)
     linear = linear_placement(problem.devices)
     shapes = sorted(_shapes(problem, split_backward, allowed), key=lambda s: s[0] != won)
-    plan_deadline = time.monotonic() + (deadline - time.monotonic()) * REFINE_PLAN_SHARE
     plans = [(seed, factor, shape) for seed in PLAN_SEEDS for factor in SEARCHED_FACTORS
              for shape in shapes if shape[1] != linear]
     planned = len(plans)
@@ -609,18 +625,11 @@ def _refine_offloaded(problem: Problem, fixed: FixedSet, runs: list[EngineResult
                 heartbeat()
 
     label, place, split = shapes[0]                  # the winner's placement
-    randomized_runs = 0
-    if listed is not None:
-        # randomized runs near the best offload-aware list schedule's variant first
-        found, randomized_runs = randomized(
-            problem, listed.schedule.placement, listed.schedule.splits_backward,
-            listed.schedule.provenance["offload_list"],
-            deadline=time.monotonic() + (deadline - time.monotonic()) * REFINE_RANDOMIZED_SHARE,
-            bar=_bar_makespan(fixed, split_backward))
-        _add_fitting(problem, fixed, [found] if found else [],
-                     listed.schedule.provenance["placement"])
-        plan_deadline = time.monotonic() + (deadline - time.monotonic()) * REFINE_PLAN_SHARE
-    search_plans(plan_deadline)
+    # randomized runs near the best offload-aware list schedule's variant first
+    randomized_runs = 0 if listed is None else _add_randomized(
+        problem, fixed, time.monotonic() + (deadline - time.monotonic())
+        * REFINE_RANDOMIZED_SHARE, _bar_makespan(fixed, split_backward))
+    search_plans(time.monotonic() + (deadline - time.monotonic()) * REFINE_PLAN_SHARE)
     for finer in FINER_FACTORS:
         if time.monotonic() > deadline or proven():
             break
