@@ -77,13 +77,16 @@ _PACKAGE = Path(__file__).resolve().parent.parent
 #: offload model runs only while one stage per device's best start is within
 #: :data:`~.driver.OFFLOAD_MODEL_REACH` of the incumbent, else its time goes to the
 #: order models; 29: with offload, the offloaded search starts from offload-aware list
-#: schedules, :mod:`~.offload_list`, before the plans fitted by offloading). A cached
+#: schedules, :mod:`~.offload_list`, before the plans fitted by offloading; 30: their
+#: randomized runs perturb the best run so far (:class:`~.offload_list.RandomizedSearch`,
+#: one basin per W policy), on every placement within
+#: :data:`~.driver.RANDOMIZED_REACH` of the best, round-robin). A cached
 #: schedule from an older search that was not proven optimal is solved again: the same
 #: problem and time limit may now give a faster one. Not bumped for the warm-up memory
 #: bound (2026-12-01): it proves more but searches the same way (the window search
 #: still keys on the round trip), so a cached answer would come back no faster; its
 #: stored bound is true, only weaker.
-SEARCH_REVISION = 29
+SEARCH_REVISION = 30
 
 
 def cache_dir() -> Path:

@@ -21,7 +21,7 @@ import math
 import sys
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from optpipe.errors import InfeasibleError, OptPipeError
 from optpipe.optimizer import cache as cache_mod
@@ -38,6 +38,9 @@ from optpipe.schedule import (Schedule, linear_placement, placement_name,
                               searched_placements)
 from optpipe.simulator import SimResult, simulate
 from optpipe.units import format_bytes, format_seconds
+
+if TYPE_CHECKING:
+    from optpipe.optimizer.offload_list import RandomizedSearch
 
 SOLVERS = ("auto", "cpsat", "highs", "gurobi")
 #: Placements the search may use (``placements=`` of :func:`solve`, ``--placements``):
@@ -128,9 +131,13 @@ OFFLOAD_LIST_SHARE = 0.5
 #: :data:`REFINE_PLAN_SECONDS` (16 x 16 at S/2: optimal for the looser budget in 5-11 s),
 #: the finer factors the rest, then the plans not yet tried whatever is left.
 REFINE_PLAN_SHARE = 0.6
-#: Where an offload-aware list schedule (:mod:`.offload_list`) won, randomized runs near
-#: its variant (:func:`.offload_list.randomized`) get this share of the time left first.
+#: Where an offload-aware list schedule (:mod:`.offload_list`) won, randomized runs
+#: (:func:`_add_randomized`) get this share of the time left first.
 REFINE_RANDOMIZED_SHARE = 0.5
+#: The randomized runs (:func:`_add_randomized`) go round the placements whose best
+#: offload-aware list schedule is within this share of the best one's, this long each.
+RANDOMIZED_REACH = 0.05
+RANDOMIZED_SLICE_SECONDS = 2.0
 REFINE_PLAN_SECONDS = 15.0
 DEFAULT_LEVELS = (1.0,)
 FALLBACK = "fallback"
@@ -246,6 +253,9 @@ def solve(problem: Problem, *, solver: str = "auto", offload: bool | None = None
     held_back = _held_back(fixed, _bar(fixed, True, split_backward))
     # what the extended schedules' sources prove on fewer microbatches, for the cuts
     proven = PrefixCuts()
+    # the offload-aware list schedules' randomized searches, per placement: kept from
+    # the offloaded starts to the time the search leaves over
+    searches: dict[str, RandomizedSearch] = {}
     tick()
     _add_list_schedules(problem, fixed, split_backward, allowed)
     if cache:
@@ -254,7 +264,7 @@ def solve(problem: Problem, *, solver: str = "auto", offload: bool | None = None
     if use_offload and held_back:
         _add_offloaded_starts(problem, fixed, split_backward, allowed,
                               time_limit * (OFFLOAD_STARTS_SHARE if binds
-                                            else OFFLOAD_STARTS_SHARE_SOFT))
+                                            else OFFLOAD_STARTS_SHARE_SOFT), searches)
         tick()
     if binds:
         _add_periodic(problem, fixed, split_backward, use_offload,
@@ -288,7 +298,8 @@ def solve(problem: Problem, *, solver: str = "auto", offload: bool | None = None
         if use_offload:
             refined = _refine_offloaded(problem, fixed, runs, split_backward, allowed,
                                         t0 + time_limit, threads, union_bound,
-                                        _search_beat(live, fixed, split_backward))
+                                        _search_beat(live, fixed, split_backward),
+                                        searches)
             if refined:
                 notes.append(refined)
             best_fixed = _bar(fixed, use_offload, split_backward)
@@ -470,7 +481,8 @@ def _add_fitting(problem: Problem, fixed: FixedSet, schedules: Sequence[Schedule
 
 
 def _add_offloaded_starts(problem: Problem, fixed: FixedSet, split_backward: bool,
-                          allowed: tuple[str, ...] | None, seconds: float) -> None:
+                          allowed: tuple[str, ...] | None, seconds: float,
+                          searches: dict[str, RandomizedSearch]) -> None:
     """Add the fitting offloaded list schedules (:mod:`.offload_starts`) of every placement.
 
     Why: with offload allowed no engine searches the chunked placements, and the tight
@@ -490,7 +502,7 @@ def _add_offloaded_starts(problem: Problem, fixed: FixedSet, split_backward: boo
     Before them (search revision 29) the offload-aware list schedules
     (:mod:`.offload_list`), which decide the transfers as they are built: the first
     variant on every placement whatever the time, the others and then randomized runs
-    of the best one's greedy within :data:`OFFLOAD_LIST_SHARE` of ``seconds`` (on top
+    (:func:`_add_randomized`) within :data:`OFFLOAD_LIST_SHARE` of ``seconds`` (on top
     of it: the fitted plans keep their own ``seconds``; a variant costs 0.02-0.3 s up
     to 16 x 32). Randomized runs here too, not only with the time the search leaves
     over: at ``--stages 4 --mem 80GB`` the V shape's order model keeps the whole
@@ -509,44 +521,81 @@ def _add_offloaded_starts(problem: Problem, fixed: FixedSet, split_backward: boo
         for label, place, split in ordered:
             _add_fitting(problem, fixed, offload_list_schedules(
                 problem, place, split, variants=variants, deadline=by), label)
-    # what is left of that share: randomized runs of the best one's greedy, here rather
-    # than only with time the search leaves over, which an engine may keep
-    _add_randomized(problem, fixed, until)
+    # what is left of that share: randomized runs, here rather than only with time the
+    # search leaves over, which an engine may keep
+    _add_randomized(problem, fixed, until, searches)
     tries = sorted(((factor, shape) for factor in FACTORS for shape in shapes),
                    key=lambda t: (t[1][1] == linear, FACTORS.index(t[0]),
                                   t[1][0] != "interleaved"))
     deadline = time.monotonic() + seconds
     for factor, (label, place, split) in tries:
         if time.monotonic() > deadline:
-            return
+            break
         _add_fitting(problem, fixed, offloaded_list_schedules(
             problem, place, split, factor, deadline=deadline,
             bar=_bar_makespan(fixed, split_backward)), label)
+    best = _bar(fixed, True, split_backward)
+    if best is not None and best.schedule.offloads:
+        _add_randomized(problem, fixed, time.monotonic() + seconds * OFFLOAD_LIST_SHARE,
+                        searches)
 
 
-def _best_listed(fixed: FixedSet) -> Candidate | None:
-    """The fastest offload-aware list schedule (:mod:`.offload_list`) in hand."""
-    return _best([c for c in fixed.candidates if "offload_list" in c.schedule.provenance])
+def _best_listed(fixed: FixedSet, label: str | None = None) -> Candidate | None:
+    """The fastest offload-aware list schedule (:mod:`.offload_list`) in hand (on
+    ``label``'s placement when given)."""
+    return _best([c for c in fixed.candidates if "offload_list" in c.schedule.provenance
+                  and (label is None or c.schedule.provenance["placement"] == label)])
 
 
 def _add_randomized(problem: Problem, fixed: FixedSet, deadline: float,
-                    bar: float | None = None) -> int:
-    """Randomized runs of the best offload-aware list schedule's greedy
-    (:func:`.offload_list.randomized`) until ``deadline``; one that fits and beats
-    ``bar`` (default: that schedule) joins ``fixed``. Returns how many runs were made
-    (0 when there is no such schedule)."""
-    from optpipe.optimizer.offload_list import randomized
+                    searches: dict[str, RandomizedSearch],
+                    bound: float | None = None) -> int:
+    """Randomized runs of the offload-aware list schedules' greedy
+    (:class:`.offload_list.RandomizedSearch`) until ``deadline``, round-robin in slices
+    of :data:`RANDOMIZED_SLICE_SECONDS` over every placement whose best such schedule
+    is within :data:`RANDOMIZED_REACH` of the best one's; each placement's search is
+    kept in ``searches`` (by label) from call to call, and what it finds joins
+    ``fixed`` (a placement's best is also its warm start); they stop early once one
+    meets ``bound``. Returns how many runs were made (0 when there is no such
+    schedule).
 
-    listed = _best_listed(fixed)
-    if listed is None or time.monotonic() >= deadline:
+    Why every placement, not only the best one's: the greedy's first variants do not
+    rank the placements as the randomized runs do (``python
+    scripts/bench_offload_list.py --detail``: on the benchmark's 8 x 16 at S/2 the
+    interleaved chunks start 52.5 s against the V shape's 53.1 s, and reach 51.9 s in
+    20 s where the V shape reaches 51.85 s, the optimum; 8 x 32 likewise, 99.9 s
+    against 99.85 s, the bound)."""
+    from optpipe.optimizer.offload_list import RandomizedSearch
+
+    leader = _best_listed(fixed)
+    if leader is None or time.monotonic() >= deadline:
         return 0
-    found, runs = randomized(problem, listed.schedule.placement,
-                             listed.schedule.splits_backward,
-                             listed.schedule.provenance["offload_list"], deadline=deadline,
-                             bar=listed.makespan if bar is None else bar)
-    _add_fitting(problem, fixed, [found] if found else [],
-                 listed.schedule.provenance["placement"])
-    return runs
+    bests = {c.schedule.provenance["placement"]: _best_listed(
+        fixed, c.schedule.provenance["placement"]) for c in fixed.candidates
+        if "offload_list" in c.schedule.provenance}
+    labels = sorted((label for label, best in bests.items()
+                     if best.makespan <= leader.makespan * (1 + RANDOMIZED_REACH)),
+                    key=lambda label: bests[label].makespan)
+    for label in labels:
+        own = bests[label]
+        if label not in searches or own.makespan < searches[label].makespan * (1 - 1e-9):
+            searches[label] = RandomizedSearch(
+                problem, own.schedule.placement, own.schedule.splits_backward,
+                own.schedule.provenance["offload_list"], own.makespan,
+                seed=len(searches))
+    before = sum(searches[label].runs for label in labels)
+    def done() -> bool:
+        return time.monotonic() >= deadline or (bound is not None and min(
+            searches[label].makespan for label in labels) <= bound * (1 + 1e-9))
+
+    while not done():
+        for label in labels:
+            if done():
+                break
+            now = time.monotonic()
+            found = searches[label].run(min(deadline, now + RANDOMIZED_SLICE_SECONDS))
+            _add_fitting(problem, fixed, [found] if found else [], label)
+    return sum(searches[label].runs for label in labels) - before
 
 
 def _bar_makespan(fixed: FixedSet, split_backward: bool) -> float | None:
@@ -558,7 +607,8 @@ def _bar_makespan(fixed: FixedSet, split_backward: bool) -> float | None:
 def _refine_offloaded(problem: Problem, fixed: FixedSet, runs: list[EngineResult],
                       split_backward: bool, allowed: tuple[str, ...] | None,
                       deadline: float, threads: int, bound: float | None,
-                      heartbeat: Callable[[], None] | None) -> str | None:
+                      heartbeat: Callable[[], None] | None,
+                      searches: dict[str, RandomizedSearch]) -> str | None:
     """Spend the time the search left over on offloaded starts near the one that won:
     CP-SAT's plans for looser budgets (:data:`~.offload_starts.SEARCHED_FACTORS`) on the
     chunked placements (the winner's placement first), then list plans for the finer
@@ -575,9 +625,10 @@ def _refine_offloaded(problem: Problem, fixed: FixedSet, runs: list[EngineResult
     :data:`REFINE_PLAN_SECONDS`; once every factor and placement has had CP-SAT's default
     seed, the others of :data:`~.offload_starts.PLAN_SEEDS` (a plan's fit depends on
     which optimal order the seed picks: 4 x 8 at S/2, 26.0 s with the default alone,
-    25.65 s, proven, with seed 0). Since search revision 29, randomized runs of the best
-    offload-aware list schedule's greedy (:func:`.offload_list.randomized`) get
-    :data:`REFINE_RANDOMIZED_SHARE` of the time first (20 s each, ``python
+    25.65 s, proven, with seed 0). Since search revision 29, randomized runs of the
+    offload-aware list schedules' greedy (:func:`_add_randomized`, until one meets
+    ``bound``) get :data:`REFINE_RANDOMIZED_SHARE` of the time first (revision 29's,
+    20 s each, ``python
     scripts/bench_offload_list.py --detail``: 4.05 -> 3.912 s at ``--stages 8 --mem
     40GB``, 7.249 -> 7.122 s at ``--stages 4 --mem 80GB``). Only when
     the answer would be an offloading schedule (pipeoffload's too, since revision 29;
@@ -625,10 +676,10 @@ def _refine_offloaded(problem: Problem, fixed: FixedSet, runs: list[EngineResult
                 heartbeat()
 
     label, place, split = shapes[0]                  # the winner's placement
-    # randomized runs near the best offload-aware list schedule's variant first
+    # randomized runs of the offload-aware list schedules first (every close placement)
     randomized_runs = 0 if listed is None else _add_randomized(
         problem, fixed, time.monotonic() + (deadline - time.monotonic())
-        * REFINE_RANDOMIZED_SHARE, _bar_makespan(fixed, split_backward))
+        * REFINE_RANDOMIZED_SHARE, searches, bound)
     search_plans(time.monotonic() + (deadline - time.monotonic()) * REFINE_PLAN_SHARE)
     for finer in FINER_FACTORS:
         if time.monotonic() > deadline or proven():

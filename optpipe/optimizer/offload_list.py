@@ -96,13 +96,16 @@ def offload_list_schedule(problem: Problem, placement: Sequence[int],
                           split_backward: bool = True, *, eager_w: bool = False,
                           reserve: float = 0, away: float = 1.0, lead: float = 1.0,
                           jitter: float = 0.0, seed: int = 0,
-                          graph: TaskGraph | None = None) -> Schedule | None:
+                          graph: TaskGraph | None = None,
+                          scale: dict[Key, float] | None = None) -> Schedule | None:
     """One offload-aware list schedule (module docstring), or None when it stalls.
 
     ``lead``: a reload is listed once its backward is due within ``lead`` times the
     copy's time (and the next compute action). ``jitter``: each task's priority (its
     path to the end) is scaled by a random factor within ``1 +- jitter`` (``seed``), for
-    the randomized runs the driver makes with time left over (:func:`randomized`)."""
+    the randomized runs the driver makes with time left over (:func:`randomized`).
+    ``scale``: the priorities' factors instead (:class:`RandomizedSearch`'s perturbed
+    runs; the provenance then says ``perturbed``: jitter and seed do not rebuild it)."""
     if graph is None:
         graph = task_graph(problem, split_backward, placement)
     split = graph.problem
@@ -113,8 +116,10 @@ def offload_list_schedule(problem: Problem, placement: Sequence[int],
     bwd = Op.B if split_backward else Op.BW
     tail = tails(graph)
     rng = random.Random(seed)
-    prio = {k: (-(tail[k] + graph.duration[k]) * (1 + rng.uniform(-jitter, jitter)), k[2])
-            for k in graph.keys}
+    given = scale
+    if scale is None:
+        scale = {k: 1 + rng.uniform(-jitter, jitter) for k in graph.keys}
+    prio = {k: (-(tail[k] + graph.duration[k]) * scale[k], k[2]) for k in graph.keys}
     succ: dict[Key, list[tuple[Key, float]]] = {k: [] for k in graph.keys}
     for k, preds in graph.deps.items():
         for p, lag in preds:
@@ -296,8 +301,10 @@ def offload_list_schedule(problem: Problem, placement: Sequence[int],
                 heapq.heappush(wake, (finish + lag, next(tick), place[n[1]]))
     if left:
         return None
+    perturbed = given is not None
     name = f"offlist{'-eager' if eager_w else ''}-r{reserve:g}-a{away:.3g}" + (
-        f"-l{lead:.3g}" if lead != 1.0 else "") + (f"-j{jitter:.2g}" if jitter else "")
+        f"-l{lead:.3g}" if lead != 1.0 else "") + (
+        "-p" if perturbed else f"-j{jitter:.2g}" if jitter else "")
     schedule = Schedule(name=name, stages=len(place), devices=D,
                         microbatches=problem.microbatches, placement=place,
                         actions=[dv.actions for dv in dev],
@@ -305,7 +312,8 @@ def offload_list_schedule(problem: Problem, placement: Sequence[int],
                                     "planned_by": "an offload-aware list schedule",
                                     "offload_list": {"eager_w": eager_w, "reserve": reserve,
                                                      "away": away, "lead": lead,
-                                                     "jitter": jitter, "seed": seed},
+                                                     "jitter": jitter, "seed": seed,
+                                                     "perturbed": perturbed},
                                     "planned_makespan": max(end.values(), default=0.0)})
     return schedule.validate()
 
@@ -331,35 +339,120 @@ def offload_list_schedules(problem: Problem, placement: Sequence[int],
     return out
 
 
+class RandomizedSearch:
+    """Randomized runs of the greedy near one schedule of it, kept between calls.
+
+    Each run either perturbs the best run so far (most runs: the reload lead or the
+    offload threshold scaled a little, the priorities of a few tasks, 1-10% of them,
+    by up to 20%) or draws afresh near it (``eager_w`` flipped, the reserve moved by
+    half an activation, the lead, the threshold and every priority drawn anew); a run
+    as fast as the best becomes the best (the search walks plateaus). Why both: the
+    greedy's choices hang on ties and thresholds, fresh draws alone (a GRASP) forget
+    every good choice they found, and perturbing the best alone stays near its start
+    (``python scripts/bench_offload_list.py --detail``). A run costs 0.02-0.5 s up to
+    16 x 32, so the time the search leaves over buys hundreds.
+
+    ``around`` is the start's ``provenance["offload_list"]`` and ``makespan`` its
+    simulated makespan; its priorities are rebuilt from its jitter and seed (unless it
+    was itself perturbed: then from the paths alone).
+    """
+
+    FRESH = 0.3                         # share of runs drawn afresh
+    BASINS = 2                          # 1: only the start's W policy
+
+    def __init__(self, problem: Problem, placement: Sequence[int], split_backward: bool,
+                 around: dict, makespan: float, *, seed: int = 0) -> None:
+        self.problem, self.placement = problem, list(placement)
+        self.split_backward = split_backward
+        self.graph = task_graph(problem, split_backward, placement)
+        self.keys = list(self.graph.keys)
+        self.rng = random.Random(seed)
+        params = {"eager_w": bool(around["eager_w"]), "reserve": around["reserve"],
+                  "away": around["away"], "lead": around.get("lead", 1.0)}
+        # a perturbed start's priorities are not in its provenance: start from its path
+        jitter = 0.0 if around.get("perturbed") else around.get("jitter", 0.0)
+        start = random.Random(around.get("seed", 0))
+        scale = {k: 1 + start.uniform(-jitter, jitter) for k in self.keys}
+        # one basin per W policy, each with its best (params, scales, makespan): the
+        # other policy's first runs are worse, and would never be kept against this one
+        self.first = params["eager_w"]
+        self.started = {self.first}
+        self.basins = {params["eager_w"]: (params, scale, makespan),
+                       not params["eager_w"]: ({**params, "eager_w": not params["eager_w"]},
+                                               scale, float("inf"))}
+        self.runs = 0
+
+    @property
+    def makespan(self) -> float:
+        """The fastest run's makespan so far (the start's at first)."""
+        return min(basin[2] for basin in self.basins.values())
+
+    def _draw(self, basin: bool) -> tuple[dict, dict[Key, float]]:
+        """The next run's parameters and priority scales in ``basin`` (its W policy)."""
+        rng = self.rng
+        params, scale, _ = self.basins[basin]
+        if basin not in self.started:   # the basin's own start first
+            self.started.add(basin)
+            return params, scale
+        params = dict(params)
+        if rng.random() < self.FRESH:
+            params["reserve"] = max(0.0, params["reserve"] + rng.choice((-0.5, 0.0, 0.5)))
+            params["away"] *= rng.uniform(0.6, 1.5)
+            params["lead"] = rng.uniform(0.5, 2.5)
+            jitter = rng.uniform(0.0, 0.1)
+            return params, {k: 1 + rng.uniform(-jitter, jitter) for k in self.keys}
+        if rng.random() < 0.3:
+            params["lead"] = max(0.25, params["lead"] * rng.uniform(0.8, 1.25))
+        if rng.random() < 0.3:
+            params["away"] *= rng.uniform(0.85, 1.2)
+        scale = dict(scale)
+        share = rng.choice((0.01, 0.03, 0.1))
+        for k in rng.sample(self.keys, max(1, int(share * len(self.keys)))):
+            scale[k] *= 1 + rng.uniform(-0.2, 0.2)
+        return params, scale
+
+    def run(self, deadline: float) -> Schedule | None:
+        """Runs until ``deadline`` (``time.monotonic()``), the two basins in turn: the
+        fastest schedule that fits and beats the best held when called (simulated),
+        or None."""
+        from optpipe.simulator import simulate
+
+        bar, found = self.makespan, None
+        while time.monotonic() < deadline:
+            basin = bool(self.runs % 2) if self.BASINS == 2 else self.first
+            self.runs += 1
+            params, scale = self._draw(basin)
+            schedule = offload_list_schedule(self.problem, self.placement,
+                                             self.split_backward, graph=self.graph,
+                                             scale=scale, **params)
+            if schedule is None:
+                continue
+            result = simulate(self.problem, schedule)
+            if result.fits and result.makespan <= self.basins[basin][2] * (1 + 1e-12):
+                self.basins[basin] = (params, scale, result.makespan)
+                if result.makespan < bar * (1 - 1e-9) and (
+                        found is None or result.makespan <= self.makespan):
+                    found = schedule
+        return found
+
+
 def randomized(problem: Problem, placement: Sequence[int], split_backward: bool,
                around: dict, *, deadline: float, seed: int = 0,
                bar: float | None = None) -> tuple[Schedule | None, int]:
-    """Randomized runs near the variant ``around`` (a schedule's
-    ``provenance["offload_list"]``) until ``deadline``: the reload lead, the offload
-    threshold and the reserve drawn near it, priorities jittered by up to 10%. Returns
-    the fastest schedule that fits and beats ``bar`` (simulated), or None, and how many
-    runs were made.
-
-    Why: a greedy's choices hang on ties and thresholds, and one run costs 0.1-0.5 s up
-    to 8 x 32, so the time the search leaves over buys hundreds of tries (a GRASP)."""
+    """A :class:`RandomizedSearch` near the variant ``around`` (a schedule's
+    ``provenance["offload_list"]``) until ``deadline``: the fastest schedule found
+    that fits and beats ``bar`` (simulated; default: ``around``'s own schedule), or
+    None, and how many runs were made."""
     from optpipe.simulator import simulate
 
-    graph = task_graph(problem, split_backward, placement)
-    rng = random.Random(seed)
-    best: tuple[float, Schedule] | None = None
-    runs = 0
-    while time.monotonic() < deadline:
-        runs += 1
-        schedule = offload_list_schedule(
-            problem, placement, split_backward, eager_w=bool(around["eager_w"]),
-            reserve=max(0.0, around["reserve"] + rng.choice((-0.5, 0.0, 0.0, 0.5))),
-            away=around["away"] * rng.uniform(0.6, 1.5),
-            lead=rng.uniform(0.5, 2.5), jitter=rng.uniform(0.0, 0.1),
-            seed=rng.randrange(1 << 30), graph=graph)
-        if schedule is None:
-            continue
-        result = simulate(problem, schedule)
-        limit = best[0] if best else (bar if bar is not None else float("inf"))
-        if result.fits and result.makespan < limit * (1 - 1e-9):
-            best = (result.makespan, schedule)
-    return (None if best is None else best[1]), runs
+    start = offload_list_schedule(
+        problem, placement, split_backward, eager_w=bool(around["eager_w"]),
+        reserve=around["reserve"], away=around["away"], lead=around.get("lead", 1.0),
+        jitter=around.get("jitter", 0.0), seed=around.get("seed", 0))
+    result = None if start is None else simulate(problem, start)
+    own = result.makespan if result is not None and result.fits else float("inf")
+    search = RandomizedSearch(problem, placement, split_backward, around, own, seed=seed)
+    found = search.run(deadline)
+    if found is None or bar is None:
+        return found, search.runs
+    return (found if search.makespan < bar * (1 - 1e-9) else None), search.runs

@@ -1,0 +1,155 @@
+"""The randomized search over offload-aware list schedules: strategies, and the driver.
+
+Search revision 30 replaced the fresh randomized draws of revision 29 (a GRASP near the
+best variant, on the best placement only) by :class:`~optpipe.optimizer.offload_list.
+RandomizedSearch` (most runs perturb the best run so far, a few draw afresh; one basin
+per W policy), kept per placement and run round-robin over every placement whose best
+offload-aware schedule is within ``driver.RANDOMIZED_REACH`` of the best one's.
+
+``--strategies`` measures the search alone, from the best variant on a placement, with
+three seeds: fresh draws only (``FRESH`` = 1, one basin: revision 29's GRASP), the
+perturbing search with one basin, and with two (what the driver uses)::
+
+    python scripts/bench_offload_search.py --strategies      # writes docs/optimizer-log.md
+
+Without it, the presets are solved as ``optpipe solve`` does (offload decided
+automatically, the cache off), once with revision 29's randomized runs (GRASP, the best
+placement only: ``FRESH`` = 1, one basin, ``RANDOMIZED_REACH`` = 0) and once as now::
+
+    python scripts/bench_offload_search.py
+    python scripts/bench_offload_search.py --no-write --cases 16stage-40GB
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench_offload_list import PRESETS, problem_of  # noqa: E402
+from docblock import publish  # noqa: E402
+
+DOC = ROOT / "docs" / "optimizer-log.md"
+DRIVER = "<!-- offload-search:start -->", "<!-- offload-search:end -->"
+STRATEGIES = ("<!-- offload-search-strategies:start -->",
+              "<!-- offload-search-strategies:end -->")
+#: name -> (RandomizedSearch.FRESH, RandomizedSearch.BASINS)
+KINDS = {"fresh draws only (revision 29)": (1.0, 1), "perturbing, one basin": (0.3, 1),
+         "perturbing, two basins (revision 30)": (0.3, 2)}
+#: (case, placement) the strategies are measured on: the placements the driver's
+#: randomized runs went to (and the V shape, the optimum's, at 8 x 16)
+SEARCH_CASES = (("8stage-40GB", "interleaved"), ("16stage-40GB", "interleaved"),
+                ("4stage-80GB", "interleaved"), ("bench-8x16", "v"),
+                ("bench-8x16", "interleaved"), ("bench-8x32", "v"))
+SEEDS = (0, 1, 2)
+
+
+def strategies_row(label: str, placement: str, seconds: float) -> str:
+    """Mean makespan over :data:`SEEDS` after a third of ``seconds`` and after all of
+    it, and the best, for each of :data:`KINDS`."""
+    from optpipe.optimizer import offload_list
+    from optpipe.schedule import searched_placements
+    from optpipe.simulator import simulate
+
+    problem = problem_of(label)
+    place = searched_placements(problem.devices)[placement]
+    made = [(simulate(problem, s), i, s)
+            for i, s in enumerate(offload_list.offload_list_schedules(problem, place))]
+    best, _, start = min(((r.makespan, i, s) for r, i, s in made if r.fits),
+                         key=lambda t: t[:2])
+    saved = (offload_list.RandomizedSearch.FRESH, offload_list.RandomizedSearch.BASINS)
+    cells = [label, placement, f"{best:.4g} s ({start.name})"]
+    try:
+        for fresh, basins in KINDS.values():
+            offload_list.RandomizedSearch.FRESH, offload_list.RandomizedSearch.BASINS = \
+                fresh, basins
+            early, late = [], []
+            for seed in SEEDS:
+                search = offload_list.RandomizedSearch(
+                    problem, place, True, start.provenance["offload_list"], best, seed=seed)
+                search.run(time.monotonic() + seconds / 3)
+                early.append(search.makespan)
+                search.run(time.monotonic() + seconds * 2 / 3)
+                late.append(search.makespan)
+            cells.append(f"{statistics.mean(early):.4g} / {statistics.mean(late):.4g} s "
+                         f"(best {min(late):.4g})")
+    finally:
+        offload_list.RandomizedSearch.FRESH, offload_list.RandomizedSearch.BASINS = saved
+    line = "| " + " | ".join(cells) + " |"
+    print(line, flush=True)
+    return line
+
+
+def driver_row(label: str, now: bool, seconds: float) -> str:
+    """``optpipe solve`` on a preset, with revision 29's randomized runs or as now."""
+    from optpipe.optimizer import driver, offload_list
+
+    problem = problem_of(label)
+    saved = (offload_list.RandomizedSearch.FRESH, offload_list.RandomizedSearch.BASINS,
+             driver.RANDOMIZED_REACH)
+    if not now:
+        offload_list.RandomizedSearch.FRESH, offload_list.RandomizedSearch.BASINS = 1.0, 1
+        driver.RANDOMIZED_REACH = 0.0
+    try:
+        t0 = time.monotonic()
+        result = driver.solve(problem, time_limit=seconds, cache=False, progress=False)
+        wall = time.monotonic() - t0
+    finally:
+        (offload_list.RandomizedSearch.FRESH, offload_list.RandomizedSearch.BASINS,
+         driver.RANDOMIZED_REACH) = saved
+    placement = result.schedule.provenance.get("placement")
+    placed = f" ({placement})" if placement else ""
+    line = (f"| {label} | {'revision 30' if now else 'revision 29 (GRASP, best placement)'}"
+            f" | {result.sim.makespan:.4g} s | {(result.gap or 0.0):.2%} | "
+            f"{result.schedule.name}{placed} | "
+            f"{wall:.0f} s |")
+    print(line, flush=True)
+    return line
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", default=",".join(PRESETS),
+                    help=f"comma-separated, of {', '.join(PRESETS)}")
+    ap.add_argument("--seconds", type=float, default=60.0,
+                    help="time limit per solve; with --strategies, per seed (default 15)")
+    ap.add_argument("--strategies", action="store_true",
+                    help="measure the search's strategies alone (module docstring)")
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args()
+    if args.strategies:
+        seconds = 15.0 if args.seconds == 60.0 else args.seconds
+        table = ["| problem | placement | best variant | "
+                 + " | ".join(KINDS) + " |", "|---|---|---|---|---|---|"]
+        table += [strategies_row(label, placement, seconds)
+                  for label, placement in SEARCH_CASES]
+        caption = (f"Measured with `python scripts/bench_offload_search.py --strategies "
+                   f"--seconds {seconds:g}` ({time.strftime('%Y-%m-%d')}, 2 cores; each "
+                   f"cell: the mean over seeds {', '.join(map(str, SEEDS))} after "
+                   f"{seconds / 3:g} s / after {seconds:g} s, and the best after "
+                   f"{seconds:g} s; makespans simulated; bench-SxM: the benchmark's "
+                   "uniform problem at S/2).")
+        publish(caption + "\n\n" + "\n".join(table), DOC, *STRATEGIES,
+                write=not args.no_write)
+        return
+    table = ["| problem | randomized runs | answer | gap | from (placement) | wall |",
+             "|---|---|---|---|---|---|"]
+    for label in args.cases.split(","):
+        if label not in PRESETS:
+            raise SystemExit(f"unknown case {label!r}; known: {', '.join(PRESETS)}")
+        for now in (False, True):
+            table.append(driver_row(label, now, args.seconds))
+    caption = (f"Measured with `python scripts/bench_offload_search.py --seconds "
+               f"{args.seconds:g}` ({time.strftime('%Y-%m-%d')}, 2 cores, 2 solver "
+               "threads, one run each; presets as `optpipe solve --model M --hardware H "
+               "--stages S --mem X --no-cache`).")
+    publish(caption + "\n\n" + "\n".join(table), DOC, *DRIVER, write=not args.no_write)
+
+
+if __name__ == "__main__":
+    main()
