@@ -14,7 +14,8 @@ perturbing search with one basin, and with two (what the driver uses)::
 
 Without it, the presets are solved as ``optpipe solve`` does (offload decided
 automatically, the cache off), once with revision 29's randomized runs (GRASP, the best
-placement only: ``FRESH`` = 1, one basin, ``RANDOMIZED_REACH`` = 0) and once as now::
+placement only, not again after the fitted plans: ``FRESH`` = 1, one basin,
+``RANDOMIZED_REACH`` = ``OFFLOAD_LIST_AFTER_SHARE`` = 0) and once as now::
 
     python scripts/bench_offload_search.py
     python scripts/bench_offload_search.py --no-write --cases 16stage-40GB
@@ -91,17 +92,17 @@ def driver_row(label: str, now: bool, seconds: float) -> str:
 
     problem = problem_of(label)
     saved = (offload_list.RandomizedSearch.FRESH, offload_list.RandomizedSearch.BASINS,
-             driver.RANDOMIZED_REACH)
+             driver.RANDOMIZED_REACH, driver.OFFLOAD_LIST_AFTER_SHARE)
     if not now:
         offload_list.RandomizedSearch.FRESH, offload_list.RandomizedSearch.BASINS = 1.0, 1
-        driver.RANDOMIZED_REACH = 0.0
+        driver.RANDOMIZED_REACH = driver.OFFLOAD_LIST_AFTER_SHARE = 0.0
     try:
         t0 = time.monotonic()
         result = driver.solve(problem, time_limit=seconds, cache=False, progress=False)
         wall = time.monotonic() - t0
     finally:
         (offload_list.RandomizedSearch.FRESH, offload_list.RandomizedSearch.BASINS,
-         driver.RANDOMIZED_REACH) = saved
+         driver.RANDOMIZED_REACH, driver.OFFLOAD_LIST_AFTER_SHARE) = saved
     placement = result.schedule.provenance.get("placement")
     placed = f" ({placement})" if placement else ""
     line = (f"| {label} | {'revision 30' if now else 'revision 29 (GRASP, best placement)'}"

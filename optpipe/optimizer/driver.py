@@ -126,6 +126,11 @@ OFFLOAD_STARTS_SHARE_SOFT = 0.08
 #: plans' 5.21 s), and a variant costs 0.02-0.3 s up to 16 x 32, while where the link
 #: is fast the fitted plans can win and still run.
 OFFLOAD_LIST_SHARE = 0.5
+#: After the fitted plans, when an offloading schedule leads, the randomized runs
+#: (:func:`_add_randomized`) get this share of the offloaded starts' time again (search
+#: revision 30): where an engine keeps the rest of the minute, the time left over is
+#: too little (``--stages 16 --mem 40GB``: 3 s of runs, about 20, before).
+OFFLOAD_LIST_AFTER_SHARE = 0.5
 #: Time the search leaves over goes to the winning offloaded start's neighbours
 #: (:func:`_refine_offloaded`): CP-SAT's plans get this share of it, each at most
 #: :data:`REFINE_PLAN_SECONDS` (16 x 16 at S/2: optimal for the looser budget in 5-11 s),
@@ -534,10 +539,12 @@ def _add_offloaded_starts(problem: Problem, fixed: FixedSet, split_backward: boo
         _add_fitting(problem, fixed, offloaded_list_schedules(
             problem, place, split, factor, deadline=deadline,
             bar=_bar_makespan(fixed, split_backward)), label)
+    # an offloading schedule leads: the randomized runs again (the fitted plans may have
+    # overtaken the offload-aware ones, which the runs can take back)
     best = _bar(fixed, True, split_backward)
     if best is not None and best.schedule.offloads:
-        _add_randomized(problem, fixed, time.monotonic() + seconds * OFFLOAD_LIST_SHARE,
-                        searches)
+        _add_randomized(problem, fixed,
+                        time.monotonic() + seconds * OFFLOAD_LIST_AFTER_SHARE, searches)
 
 
 def _best_listed(fixed: FixedSet, label: str | None = None) -> Candidate | None:
