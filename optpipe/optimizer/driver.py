@@ -591,6 +591,7 @@ def _add_randomized(problem: Problem, fixed: FixedSet, deadline: float,
                 own.schedule.provenance["offload_list"], own.makespan,
                 seed=len(searches))
     before = sum(searches[label].runs for label in labels)
+
     def done() -> bool:
         return time.monotonic() >= deadline or (bound is not None and min(
             searches[label].makespan for label in labels) <= bound * (1 + 1e-9))

@@ -342,15 +342,18 @@ def offload_list_schedules(problem: Problem, placement: Sequence[int],
 class RandomizedSearch:
     """Randomized runs of the greedy near one schedule of it, kept between calls.
 
-    Each run either perturbs the best run so far (most runs: the reload lead or the
-    offload threshold scaled a little, the priorities of a few tasks, 1-10% of them,
-    by up to 20%) or draws afresh near it (``eager_w`` flipped, the reserve moved by
-    half an activation, the lead, the threshold and every priority drawn anew); a run
-    as fast as the best becomes the best (the search walks plateaus). Why both: the
-    greedy's choices hang on ties and thresholds, fresh draws alone (a GRASP) forget
-    every good choice they found, and perturbing the best alone stays near its start
-    (``python scripts/bench_offload_list.py --detail``). A run costs 0.02-0.5 s up to
-    16 x 32, so the time the search leaves over buys hundreds.
+    Each run either perturbs the best run so far (70%: the reload lead or the offload
+    threshold scaled a little, the priorities of 1, 3 or 10% of the tasks by up to 20%)
+    or draws afresh near it (:data:`FRESH`: the reserve moved by half an activation,
+    the lead and the threshold drawn, every priority jittered anew); a run as fast as
+    the best becomes the best (the search walks plateaus). The two W policies (eager or
+    not) are two basins, run in turn, each from its own start (:data:`BASINS`). Why:
+    the greedy's choices hang on ties and thresholds, and fresh draws alone (revision
+    29's GRASP) forget every good choice they found; the other W policy's first runs
+    are slower than the start and would never be kept against it, yet on ``--stages 16
+    --mem 40GB`` it is the better one (``python scripts/bench_offload_search.py
+    --strategies``: 1.959 s mean after 15 s against 2.086 s with one basin and 2.103 s
+    with fresh draws). A run costs 0.02-0.5 s up to 16 x 32.
 
     ``around`` is the start's ``provenance["offload_list"]`` and ``makespan`` its
     simulated makespan; its priorities are rebuilt from its jitter and seed (unless it
@@ -448,7 +451,8 @@ def randomized(problem: Problem, placement: Sequence[int], split_backward: bool,
     start = offload_list_schedule(
         problem, placement, split_backward, eager_w=bool(around["eager_w"]),
         reserve=around["reserve"], away=around["away"], lead=around.get("lead", 1.0),
-        jitter=around.get("jitter", 0.0), seed=around.get("seed", 0))
+        jitter=0.0 if around.get("perturbed") else around.get("jitter", 0.0),
+        seed=around.get("seed", 0))
     result = None if start is None else simulate(problem, start)
     own = result.makespan if result is not None and result.fits else float("inf")
     search = RandomizedSearch(problem, placement, split_backward, around, own, seed=seed)
