@@ -352,7 +352,7 @@ class RandomizedSearch:
     29's GRASP) forget every good choice they found; the other W policy's first runs
     are slower than the start and would never be kept against it, yet on ``--stages 16
     --mem 40GB`` it is the better one (``python scripts/bench_offload_search.py
-    --strategies``: 1.959 s mean after 15 s against 2.086 s with one basin and 2.103 s
+    --strategies``: 1.992 s mean after 15 s against 2.086 s with one basin and 2.103 s
     with fresh draws). A run costs 0.02-0.5 s up to 16 x 32.
 
     ``around`` is the start's ``provenance["offload_list"]`` and ``makespan`` its
