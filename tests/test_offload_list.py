@@ -22,12 +22,10 @@ from optpipe.optimizer.offload_list import (VARIANTS, offload_list_schedule,
                                             offload_list_schedules)
 from optpipe.optimizer.offload_starts import offloaded_list_schedules
 from optpipe.optimizer.preprocess import lower_bound, task_graph
-from optpipe.schedule import Op, interleaved_placement, linear_placement, v_placement
+from optpipe.schedule import Op
 from optpipe.simulator import simulate
+from test_listsched import PLACEMENTS
 from test_optimizer_engine import random_problem
-
-PLACEMENTS = {"linear": linear_placement, "v": v_placement,
-              "interleaved": lambda d: interleaved_placement(d, 2)}
 
 
 @pytest.mark.parametrize("seed", range(6))

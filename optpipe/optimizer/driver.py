@@ -577,9 +577,12 @@ def _add_randomized(problem: Problem, fixed: FixedSet, deadline: float,
     leader = _best_listed(fixed)
     if leader is None or time.monotonic() >= deadline:
         return 0
-    bests = {c.schedule.provenance["placement"]: _best_listed(
-        fixed, c.schedule.provenance["placement"]) for c in fixed.candidates
-        if "offload_list" in c.schedule.provenance}
+    bests: dict[str, Candidate] = {}          # each placement's best, in one pass
+    for c in fixed.candidates:
+        label = c.schedule.provenance.get("placement")
+        if c.fits and "offload_list" in c.schedule.provenance and (
+                label not in bests or c.makespan < bests[label].makespan):
+            bests[label] = c
     labels = sorted((label for label, best in bests.items()
                      if best.makespan <= leader.makespan * (1 + RANDOMIZED_REACH)),
                     key=lambda label: bests[label].makespan)

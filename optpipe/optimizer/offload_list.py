@@ -356,15 +356,15 @@ class RandomizedSearch:
     with fresh draws). A run costs 0.02-0.5 s up to 16 x 32.
 
     ``around`` is the start's ``provenance["offload_list"]`` and ``makespan`` its
-    simulated makespan; its priorities are rebuilt from its jitter and seed (unless it
-    was itself perturbed: then from the paths alone).
+    simulated makespan (None: run and simulated here); its priorities are rebuilt from
+    its jitter and seed (unless it was itself perturbed: then from the paths alone).
     """
 
     FRESH = 0.3                         # share of runs drawn afresh
     BASINS = 2                          # 1: only the start's W policy
 
     def __init__(self, problem: Problem, placement: Sequence[int], split_backward: bool,
-                 around: dict, makespan: float, *, seed: int = 0) -> None:
+                 around: dict, makespan: float | None, *, seed: int = 0) -> None:
         self.problem, self.placement = problem, list(placement)
         self.split_backward = split_backward
         self.graph = task_graph(problem, split_backward, placement)
@@ -376,6 +376,10 @@ class RandomizedSearch:
         jitter = 0.0 if around.get("perturbed") else around.get("jitter", 0.0)
         start = random.Random(around.get("seed", 0))
         scale = {k: 1 + start.uniform(-jitter, jitter) for k in self.keys}
+        if makespan is None:
+            makespan = self._simulated(offload_list_schedule(
+                problem, placement, split_backward, graph=self.graph, scale=scale,
+                **params))
         # one basin per W policy, each with its best (params, scales, makespan): the
         # other policy's first runs are worse, and would never be kept against this one
         self.first = params["eager_w"]
@@ -384,6 +388,13 @@ class RandomizedSearch:
                        not params["eager_w"]: ({**params, "eager_w": not params["eager_w"]},
                                                scale, float("inf"))}
         self.runs = 0
+
+    def _simulated(self, schedule: Schedule | None) -> float:
+        """``schedule``'s simulated makespan; infinity when it stalled or does not fit."""
+        from optpipe.simulator import simulate
+
+        result = None if schedule is None else simulate(self.problem, schedule)
+        return result.makespan if result is not None and result.fits else float("inf")
 
     @property
     def makespan(self) -> float:
@@ -418,8 +429,6 @@ class RandomizedSearch:
         """Runs until ``deadline`` (``time.monotonic()``), the two basins in turn: the
         fastest schedule that fits and beats the best held when called (simulated),
         or None."""
-        from optpipe.simulator import simulate
-
         bar, found = self.makespan, None
         while time.monotonic() < deadline:
             basin = bool(self.runs % 2) if self.BASINS == 2 else self.first
@@ -428,13 +437,11 @@ class RandomizedSearch:
             schedule = offload_list_schedule(self.problem, self.placement,
                                              self.split_backward, graph=self.graph,
                                              scale=scale, **params)
-            if schedule is None:
-                continue
-            result = simulate(self.problem, schedule)
-            if result.fits and result.makespan <= self.basins[basin][2] * (1 + 1e-12):
-                self.basins[basin] = (params, scale, result.makespan)
-                if result.makespan < bar * (1 - 1e-9) and (
-                        found is None or result.makespan <= self.makespan):
+            makespan = self._simulated(schedule)
+            if makespan < float("inf") and makespan <= self.basins[basin][2] * (1 + 1e-12):
+                self.basins[basin] = (params, scale, makespan)
+                if makespan < bar * (1 - 1e-9) and (
+                        found is None or makespan <= self.makespan):
                     found = schedule
         return found
 
@@ -446,16 +453,7 @@ def randomized(problem: Problem, placement: Sequence[int], split_backward: bool,
     ``provenance["offload_list"]``) until ``deadline``: the fastest schedule found
     that fits and beats ``bar`` (simulated; default: ``around``'s own schedule), or
     None, and how many runs were made."""
-    from optpipe.simulator import simulate
-
-    start = offload_list_schedule(
-        problem, placement, split_backward, eager_w=bool(around["eager_w"]),
-        reserve=around["reserve"], away=around["away"], lead=around.get("lead", 1.0),
-        jitter=0.0 if around.get("perturbed") else around.get("jitter", 0.0),
-        seed=around.get("seed", 0))
-    result = None if start is None else simulate(problem, start)
-    own = result.makespan if result is not None and result.fits else float("inf")
-    search = RandomizedSearch(problem, placement, split_backward, around, own, seed=seed)
+    search = RandomizedSearch(problem, placement, split_backward, around, None, seed=seed)
     found = search.run(deadline)
     if found is None or bar is None:
         return found, search.runs
