@@ -5,29 +5,37 @@ best variant, on the best placement only) by :class:`~optpipe.optimizer.offload_
 RandomizedSearch` (most runs perturb the best run so far, a few draw afresh; one basin
 per W policy), kept per placement and run round-robin over every placement whose best
 offload-aware schedule is within ``driver.RANDOMIZED_REACH`` of the best one's.
+Revision 31 restarts a basin near its start once it has gone ``STALL`` runs without a
+gain.
 
 ``--strategies`` measures the search alone, from the best variant on a placement, with
 three seeds: fresh draws only (``FRESH`` = 1, one basin: revision 29's GRASP), the
-perturbing search with one basin, and with two (what the driver uses)::
+perturbing search with one basin, with two (revision 30), and with two that restart
+when stalled (revision 31, what the driver uses)::
 
     python scripts/bench_offload_search.py --strategies      # writes docs/optimizer-log.md
+    python scripts/bench_offload_search.py --strategies --kinds two,restart
 
 Without it, the presets are solved as ``optpipe solve`` does (offload decided
-automatically, the cache off), once with revision 29's randomized runs (GRASP, the best
-placement only, not again after the fitted plans: ``FRESH`` = 1, one basin,
-``RANDOMIZED_REACH`` = ``OFFLOAD_LIST_AFTER_SHARE`` = 0) and once as now::
+automatically, the cache off), once with revision 30's randomized runs (no restarts)
+and once as now::
 
     python scripts/bench_offload_search.py
     python scripts/bench_offload_search.py --no-write --cases 16stage-40GB
+
+The tables of revision 30's item in docs/optimizer-log.md (revision 29 against 30) were
+measured with this script at f4db9b2 and 1bc0eb6, before it moved on to revision 31.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -36,23 +44,28 @@ from bench_offload_list import PRESETS, problem_of  # noqa: E402
 from docblock import publish  # noqa: E402
 
 DOC = ROOT / "docs" / "optimizer-log.md"
-DRIVER = "<!-- offload-search:start -->", "<!-- offload-search:end -->"
-STRATEGIES = ("<!-- offload-search-strategies:start -->",
-              "<!-- offload-search-strategies:end -->")
-#: name -> (RandomizedSearch.FRESH, RandomizedSearch.BASINS)
-KINDS = {"fresh draws only (revision 29)": (1.0, 1), "perturbing, one basin": (0.3, 1),
-         "perturbing, two basins (revision 30)": (0.3, 2)}
+DRIVER = "<!-- offload-restart:start -->", "<!-- offload-restart:end -->"
+STRATEGIES = ("<!-- offload-restart-strategies:start -->",
+              "<!-- offload-restart-strategies:end -->")
+NEVER = 10**9                           # a STALL no search reaches: no restarts
+#: key -> (column, RandomizedSearch.FRESH, .BASINS, .STALL)
+KINDS = {"fresh": ("fresh draws only (revision 29)", 1.0, 1, NEVER),
+         "one": ("perturbing, one basin", 0.3, 1, NEVER),
+         "two": ("perturbing, two basins (revision 30)", 0.3, 2, NEVER),
+         "restart": ("two basins, restarted when stalled (revision 31)", 0.3, 2, 60)}
+KNOBS = ("FRESH", "BASINS", "STALL")
 #: (case, placement) the strategies are measured on: the placements the driver's
 #: randomized runs went to (and the V shape, the optimum's, at 8 x 16)
 SEARCH_CASES = (("8stage-40GB", "interleaved"), ("16stage-40GB", "interleaved"),
                 ("4stage-80GB", "interleaved"), ("bench-8x16", "v"),
-                ("bench-8x16", "interleaved"), ("bench-8x32", "v"))
+                ("bench-8x16", "interleaved"), ("bench-8x32", "v"),
+                ("gpt3-13b-8stage-40GB", "interleaved"))
 SEEDS = (0, 1, 2)
 
 
-def strategies_row(label: str, placement: str, seconds: float) -> str:
+def strategies_row(label: str, placement: str, seconds: float, kinds: list[str]) -> str:
     """Mean makespan over :data:`SEEDS` after a third of ``seconds`` and after all of
-    it, and the best, for each of :data:`KINDS`."""
+    it, and the best, for each of ``kinds`` (keys of :data:`KINDS`)."""
     from optpipe.optimizer import offload_list
     from optpipe.schedule import searched_placements
     from optpipe.simulator import simulate
@@ -63,12 +76,9 @@ def strategies_row(label: str, placement: str, seconds: float) -> str:
             for i, s in enumerate(offload_list.offload_list_schedules(problem, place))]
     best, _, start = min(((r.makespan, i, s) for r, i, s in made if r.fits),
                          key=lambda t: t[:2])
-    saved = (offload_list.RandomizedSearch.FRESH, offload_list.RandomizedSearch.BASINS)
     cells = [label, placement, f"{best:.4g} s ({start.name})"]
-    try:
-        for fresh, basins in KINDS.values():
-            offload_list.RandomizedSearch.FRESH, offload_list.RandomizedSearch.BASINS = \
-                fresh, basins
+    for kind in kinds:
+        with _knobs(*KINDS[kind][1:]):
             early, late = [], []
             for seed in SEEDS:
                 search = offload_list.RandomizedSearch(
@@ -77,35 +87,41 @@ def strategies_row(label: str, placement: str, seconds: float) -> str:
                 early.append(search.makespan)
                 search.run(time.monotonic() + seconds * 2 / 3)
                 late.append(search.makespan)
-            cells.append(f"{statistics.mean(early):.4g} / {statistics.mean(late):.4g} s "
-                         f"(best {min(late):.4g})")
-    finally:
-        offload_list.RandomizedSearch.FRESH, offload_list.RandomizedSearch.BASINS = saved
+        cells.append(f"{statistics.mean(early):.4g} / {statistics.mean(late):.4g} s "
+                     f"(best {min(late):.4g})")
     line = "| " + " | ".join(cells) + " |"
     print(line, flush=True)
     return line
 
 
-def driver_row(label: str, now: bool, seconds: float) -> str:
-    """``optpipe solve`` on a preset, with revision 29's randomized runs or as now."""
-    from optpipe.optimizer import driver, offload_list
+@contextlib.contextmanager
+def _knobs(*values: float) -> Iterator[None]:
+    """RandomizedSearch's :data:`KNOBS` set to ``values`` for the block."""
+    from optpipe.optimizer.offload_list import RandomizedSearch
 
-    problem = problem_of(label)
-    saved = (offload_list.RandomizedSearch.FRESH, offload_list.RandomizedSearch.BASINS,
-             driver.RANDOMIZED_REACH, driver.OFFLOAD_LIST_AFTER_SHARE)
-    if not now:
-        offload_list.RandomizedSearch.FRESH, offload_list.RandomizedSearch.BASINS = 1.0, 1
-        driver.RANDOMIZED_REACH = driver.OFFLOAD_LIST_AFTER_SHARE = 0.0
+    saved = [getattr(RandomizedSearch, knob) for knob in KNOBS]
+    for knob, value in zip(KNOBS, values):
+        setattr(RandomizedSearch, knob, value)
     try:
-        t0 = time.monotonic()
-        result = driver.solve(problem, time_limit=seconds, cache=False, progress=False)
-        wall = time.monotonic() - t0
+        yield
     finally:
-        (offload_list.RandomizedSearch.FRESH, offload_list.RandomizedSearch.BASINS,
-         driver.RANDOMIZED_REACH, driver.OFFLOAD_LIST_AFTER_SHARE) = saved
+        for knob, value in zip(KNOBS, saved):
+            setattr(RandomizedSearch, knob, value)
+
+
+def driver_row(label: str, now: bool, seconds: float) -> str:
+    """``optpipe solve`` on a preset, with revision 30's randomized runs or as now."""
+    from optpipe.optimizer import driver
+
+    settings = KINDS["restart" if now else "two"][1:]
+    with _knobs(*settings):
+        t0 = time.monotonic()
+        result = driver.solve(problem_of(label), time_limit=seconds, cache=False,
+                              progress=False)
+        wall = time.monotonic() - t0
     placement = result.schedule.provenance.get("placement")
     placed = f" ({placement})" if placement else ""
-    line = (f"| {label} | {'revision 30' if now else 'revision 29 (GRASP, best placement)'}"
+    line = (f"| {label} | {'revision 31' if now else 'revision 30 (no restarts)'}"
             f" | {result.sim.makespan:.4g} s | {(result.gap or 0.0):.2%} | "
             f"{result.schedule.name}{placed} | "
             f"{wall:.0f} s |")
@@ -121,15 +137,23 @@ def main() -> None:
                     help="time limit per solve; with --strategies, per seed (default 15)")
     ap.add_argument("--strategies", action="store_true",
                     help="measure the search's strategies alone (module docstring)")
+    ap.add_argument("--kinds", default=",".join(KINDS),
+                    help=f"with --strategies, comma-separated, of {', '.join(KINDS)}")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
     if args.strategies:
         seconds = 15.0 if args.seconds == 60.0 else args.seconds
+        kinds = args.kinds.split(",")
+        if not set(kinds) <= set(KINDS):
+            raise SystemExit(f"unknown kind in {args.kinds!r}; known: {', '.join(KINDS)}")
         table = ["| problem | placement | best variant | "
-                 + " | ".join(KINDS) + " |", "|---|---|---|---|---|---|"]
-        table += [strategies_row(label, placement, seconds)
+                 + " | ".join(KINDS[kind][0] for kind in kinds) + " |",
+                 "|---" * (3 + len(kinds)) + "|"]
+        table += [strategies_row(label, placement, seconds, kinds)
                   for label, placement in SEARCH_CASES]
-        caption = (f"Measured with `python scripts/bench_offload_search.py --strategies "
+        command = "python scripts/bench_offload_search.py --strategies" + (
+            f" --kinds {args.kinds}" if kinds != list(KINDS) else "")
+        caption = (f"Measured with `{command} "
                    f"--seconds {seconds:g}` ({time.strftime('%Y-%m-%d')}, 2 cores; each "
                    f"cell: the mean over seeds {', '.join(map(str, SEEDS))} after "
                    f"{seconds / 3:g} s / after {seconds:g} s, and the best after "

@@ -145,6 +145,33 @@ def test_the_randomized_search_keeps_its_best_in_both_w_policies() -> None:
     assert all(best < float("inf") for _, _, best in search.basins.values())
 
 
+def test_a_stalled_basin_restarts_and_the_best_is_kept() -> None:
+    """A basin that has not improved for ``STALL`` runs restarts from a fresh draw near
+    its start, which may be slower than the best so far: the search still reports
+    (and returns only schedules that beat) its best, which never gets worse."""
+    import time
+
+    from optpipe.optimizer.offload_list import RandomizedSearch
+
+    problem = default_problem(8, 8, budget="40GB")
+    place = PLACEMENTS["interleaved"](8)
+    start = offload_list_schedules(problem, place, variants=VARIANTS[:1])[0]
+    search = RandomizedSearch(problem, place, True, start.provenance["offload_list"],
+                              None, seed=1)
+    search.STALL = 2
+    held = [search.makespan]
+    for _ in range(4):
+        found = search.run(time.monotonic() + 0.3)
+        if found is not None:
+            result = simulate(problem, found)
+            assert result.fits and result.makespan < held[-1]
+            assert result.makespan == pytest.approx(search.makespan, abs=1e-12)
+        held.append(search.makespan)
+    assert search.restarts >= 1
+    assert held == sorted(held, reverse=True)
+    assert search.makespan <= min(best for _, _, best in search.basins.values())
+
+
 def test_the_driver_searches_every_placement_within_reach(monkeypatch) -> None:
     """The driver's randomized runs go round every placement whose best offload-aware
     schedule is within ``RANDOMIZED_REACH`` of the best one's (the optimum of 8 x 16 at

@@ -30,7 +30,8 @@ from optpipe.optimizer.prefix import (MAX_PIECE, PrefixCuts, ladder, prefix_cuts
                                       truncated_hints)
 from optpipe.optimizer.preprocess import (Candidate, FixedSet, fixed_schedules,
                                           infeasible_devices, lower_bound, memory_bound,
-                                          min_budgets, offload_area_bound, task_graph)
+                                          min_budgets, offload_area_bound,
+                                          offload_warmup_bound, task_graph)
 from optpipe.optimizer.result import (ERROR, FEASIBLE, OPTIMAL, EngineResult, ProgressFn,
                                       relative_gap)
 from optpipe.problem import Problem
@@ -1023,8 +1024,9 @@ class _Space:
     # order models (:func:`_room_first`), with offload allowed too, where ``bound`` is
     # the no-memory bound of every placement and would rank none ahead
     order_bound: float = 0.0
-    # what holds with offload: the larger of its no-memory bound and the kept bytes'
-    # area over its room (:func:`~.preprocess.offload_area_bound`)
+    # what holds with offload: the largest of its no-memory bound, the kept bytes' area
+    # over its room (:func:`~.preprocess.offload_area_bound`) and the warm-up's with the
+    # host link (:func:`~.preprocess.offload_warmup_bound`)
     offload_bound: float = 0.0
 
     @property
@@ -1085,7 +1087,8 @@ def _spaces(problem: Problem, split_backward: bool, fixed: FixedSet,
         graph = task_graph(problem, split, place)
         free = lower_bound(graph)
         held = memory_bound(graph, free)
-        with_offload = max(free, offload_area_bound(graph)) if use_offload else free
+        with_offload = max(free, offload_area_bound(graph), offload_warmup_bound(graph)) \
+            if use_offload else free
         # the start an order-model search has here: offloading schedules count for the
         # incumbent, but no order model can start from one
         start = min((c.makespan for c in on if not c.schedule.offloads), default=math.inf)
@@ -1333,8 +1336,9 @@ def _offload_bound(space: _Space, linear: float) -> float:
 
     The order models' proofs do not cover offload, which fixed schedules may use on any
     placement (pipeoffload builds on ZB-V too): the chunked placements keep their
-    bounds that hold with offload (``offload_bound``: no-memory, or the kept bytes'
-    area, :func:`~.preprocess.offload_area_bound`), and one stage per device keeps
+    bounds that hold with offload (``offload_bound``: no-memory, the kept bytes' area,
+    :func:`~.preprocess.offload_area_bound`, or the warm-up's,
+    :func:`~.preprocess.offload_warmup_bound`), and one stage per device keeps
     ``linear`` (that, or the value its order model proved optimal at that bound). Not
     the offload model's bound: in that model an OFFLOAD that holds its device back
     (``wait``) comes right after its F, and one listed later, holding back a later

@@ -342,18 +342,24 @@ def offload_list_schedules(problem: Problem, placement: Sequence[int],
 class RandomizedSearch:
     """Randomized runs of the greedy near one schedule of it, kept between calls.
 
-    Each run either perturbs the best run so far (70%: the reload lead or the offload
-    threshold scaled a little, the priorities of 1, 3 or 10% of the tasks by up to 20%)
-    or draws afresh near it (:data:`FRESH`: the reserve moved by half an activation,
-    the lead and the threshold drawn, every priority jittered anew); a run as fast as
-    the best becomes the best (the search walks plateaus). The two W policies (eager or
-    not) are two basins, run in turn, each from its own start (:data:`BASINS`). Why:
+    Each run either perturbs its basin's run in hand (70%: the reload lead or the
+    offload threshold scaled a little, the priorities of 1, 3 or 10% of the tasks by up
+    to 20%) or draws afresh near it (:data:`FRESH`: the reserve moved by half an
+    activation, the lead and the threshold drawn, every priority jittered anew); a run
+    as fast as the one in hand replaces it (the search walks plateaus). The two W
+    policies (eager or not) are two basins, run in turn, each from its own start
+    (:data:`BASINS`). Why:
     the greedy's choices hang on ties and thresholds, and fresh draws alone (revision
     29's GRASP) forget every good choice they found; the other W policy's first runs
     are slower than the start and would never be kept against it, yet on ``--stages 16
     --mem 40GB`` it is the better one (``python scripts/bench_offload_search.py
     --strategies``: 1.992 s mean after 15 s against 2.086 s with one basin and 2.103 s
-    with fresh draws). A run costs 0.02-0.5 s up to 16 x 32.
+    with fresh draws). A basin that has gone :data:`STALL` runs without a gain restarts
+    from a fresh draw near its start (revision 31; the best run overall is kept apart,
+    since a restarted basin may be slower than it): the perturbing search settles where
+    fresh draws alone still find more (``--model gpt3-13b --stages 8 --mem 40GB``: the
+    strategies table in docs/optimizer-log.md, revision-31 item). A run costs 0.02-0.5 s
+    up to 16 x 32.
 
     ``around`` is the start's ``provenance["offload_list"]`` and ``makespan`` its
     simulated makespan (None: run and simulated here); its priorities are rebuilt from
@@ -362,6 +368,7 @@ class RandomizedSearch:
 
     FRESH = 0.3                         # share of runs drawn afresh
     BASINS = 2                          # 1: only the start's W policy
+    STALL = 60                          # runs without a gain before a basin restarts
 
     def __init__(self, problem: Problem, placement: Sequence[int], split_backward: bool,
                  around: dict, makespan: float | None, *, seed: int = 0) -> None:
@@ -387,7 +394,13 @@ class RandomizedSearch:
         self.basins = {params["eager_w"]: (params, scale, makespan),
                        not params["eager_w"]: ({**params, "eager_w": not params["eager_w"]},
                                                scale, float("inf"))}
-        self.runs = 0
+        # where each basin restarts from once it stalls, and its runs since it last
+        # improved; the best run overall is kept apart, since a restarted basin's
+        # current run may be slower than it
+        self.origins = {basin: held[0] for basin, held in self.basins.items()}
+        self.stalled = {basin: 0 for basin in self.basins}
+        self.best = makespan
+        self.runs = self.restarts = 0
 
     def _simulated(self, schedule: Schedule | None) -> float:
         """``schedule``'s simulated makespan; infinity when it stalled or does not fit."""
@@ -399,7 +412,7 @@ class RandomizedSearch:
     @property
     def makespan(self) -> float:
         """The fastest run's makespan so far (the start's at first)."""
-        return min(basin[2] for basin in self.basins.values())
+        return self.best
 
     def _draw(self, basin: bool) -> tuple[dict, dict[Key, float]]:
         """The next run's parameters and priority scales in ``basin`` (its W policy)."""
@@ -410,11 +423,7 @@ class RandomizedSearch:
             return params, scale
         params = dict(params)
         if rng.random() < self.FRESH:
-            params["reserve"] = max(0.0, params["reserve"] + rng.choice((-0.5, 0.0, 0.5)))
-            params["away"] *= rng.uniform(0.6, 1.5)
-            params["lead"] = rng.uniform(0.5, 2.5)
-            jitter = rng.uniform(0.0, 0.1)
-            return params, {k: 1 + rng.uniform(-jitter, jitter) for k in self.keys}
+            return self._fresh(params)
         if rng.random() < 0.3:
             params["lead"] = max(0.25, params["lead"] * rng.uniform(0.8, 1.25))
         if rng.random() < 0.3:
@@ -433,17 +442,35 @@ class RandomizedSearch:
         while time.monotonic() < deadline:
             basin = bool(self.runs % 2) if self.BASINS == 2 else self.first
             self.runs += 1
-            params, scale = self._draw(basin)
+            restart = self.stalled[basin] >= self.STALL
+            self.restarts += restart
+            params, scale = self._fresh(self.origins[basin]) if restart \
+                else self._draw(basin)
             schedule = offload_list_schedule(self.problem, self.placement,
                                              self.split_backward, graph=self.graph,
                                              scale=scale, **params)
             makespan = self._simulated(schedule)
-            if makespan < float("inf") and makespan <= self.basins[basin][2] * (1 + 1e-12):
+            held = self.basins[basin][2]
+            if makespan < float("inf") and (restart or makespan <= held * (1 + 1e-12)):
                 self.basins[basin] = (params, scale, makespan)
-                if makespan < bar * (1 - 1e-9) and (
-                        found is None or makespan <= self.makespan):
+            self.stalled[basin] = 0 if restart or makespan < held * (1 - 1e-9) \
+                else self.stalled[basin] + 1
+            if makespan < self.best * (1 - 1e-9):
+                self.best = makespan
+                if makespan < bar * (1 - 1e-9):
                     found = schedule
         return found
+
+    def _fresh(self, params: dict) -> tuple[dict, dict[Key, float]]:
+        """A run drawn afresh near ``params``: the reserve moved by half an activation,
+        the lead and the offload threshold drawn, every priority jittered anew."""
+        rng = self.rng
+        params = dict(params)
+        params["reserve"] = max(0.0, params["reserve"] + rng.choice((-0.5, 0.0, 0.5)))
+        params["away"] *= rng.uniform(0.6, 1.5)
+        params["lead"] = rng.uniform(0.5, 2.5)
+        jitter = rng.uniform(0.0, 0.1)
+        return params, {k: 1 + rng.uniform(-jitter, jitter) for k in self.keys}
 
 
 def randomized(problem: Problem, placement: Sequence[int], split_backward: bool,

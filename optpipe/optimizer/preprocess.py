@@ -577,6 +577,88 @@ def offload_area_bound(graph: TaskGraph) -> float:
     return best * (1 - 1e-9)
 
 
+def offload_warmup_bound(graph: TaskGraph) -> float:
+    """The warm-up's memory bound with offload: before its first backward a device frees
+    bytes only by sending activations to the host, no faster than its link.
+
+    Why: :func:`first_backward_bound` does not hold with offload, and the no-memory
+    bound lets a device run every forward it has before its first backward comes back;
+    where the room holds a few activations and the link moves one slower than the
+    device runs its forward, the device must idle in the warm-up however it offloads
+    (``optpipe solve --stages 8 --mem 40GB``: room for about four chunks' activations,
+    a chunk's copy 0.033 s against its forward's 0.018 s).
+
+    The argument, per device with room ``R = budget - static``: let ``t`` be the start
+    of its first backward, no earlier than ``e``, the least earliest start of its
+    stages' first backwards (a W needs its B, so only forwards run before ``t``). Each
+    forward holds its activation from its start, and only OFFLOADs free bytes before
+    ``t``, one at a time on the device-to-host channel, none ending before the first
+    forward has (``opened``): the forwards run before ``t`` hold at most ``R +
+    d2h (t - opened)`` bytes, so their work is at most the most forward work that fits
+    those bytes (:func:`_forward_room`), and at most ``t - head`` (they run one at a
+    time from the earliest forward start ``head``). Everything else the device runs
+    comes after ``t``: the makespan is at least ``t + work - that``, for the ``t >= e``
+    that makes it least. The forward work that fits only grows at the byte sums of
+    whole forwards, so the least is at ``e`` or at one of those; and where the link
+    frees bytes for at most ``pace < 1`` seconds of forward per second, none past ``e +
+    f_max / (1 - pace)`` can be lower than at ``e`` (the forward work that fits grows
+    by at most ``pace`` per second plus one forward). Where the link keeps pace with
+    the forwards the device need not idle: no term.
+    """
+    p = graph.problem
+    es = earliest_starts(graph)
+    dur = graph.duration
+    bwd = Op.B if graph.split_backward else Op.BW
+    best = 0.0
+    for d in range(graph.devices):
+        room = p.budget[d] - p.static[d]
+        stages = graph.stages_on(d)
+        forwards = [(dur[(Op.F, s, 0)], p.activation[s]) for s in stages]
+        if not stages or not math.isfinite(room) or room < 0 \
+                or any(a <= 0 for _, a in forwards):
+            continue
+        pace = max(f / a for f, a in forwards) * p.d2h_bandwidth
+        if pace >= 1:
+            continue
+        work = sum(dur[k] for k in graph.device_keys(d))
+        head = min(es[(Op.F, s, 0)] for s in stages)
+        first = min(es[(bwd, s, 0)] for s in stages)
+        opened = head + min(f for f, _ in forwards)
+
+        def held(t: float) -> float:
+            return room + p.d2h_bandwidth * max(0.0, t - opened)
+
+        def rest_from(t: float, kept: float) -> float:
+            """``t`` less the most forward work run before it within ``kept`` bytes:
+            the earliest the device's other work can all have started by."""
+            return t - min(t - head, _forward_room(forwards, kept, p.microbatches))
+
+        least = rest_from(first, held(first))
+        last = first + max(f for f, _ in forwards) / (1 - pace)
+        for total in _byte_sums([a for _, a in forwards], p.microbatches,
+                                held(first), held(last)):
+            # a byte sum of whole forwards, reached at this t; a hair more bytes, so a
+            # float rounded down still counts every forward that fits (the bound only
+            # gets lower)
+            at = opened + (total - room) / p.d2h_bandwidth
+            least = min(least, rest_from(at, total * (1 + 1e-12) + 1.0))
+        best = max(best, least + work)
+    return best * (1 - 1e-9)
+
+
+def _byte_sums(sizes: Sequence[float], count: int, low: float, high: float
+               ) -> Iterable[float]:
+    """Every ``n_1 a_1 + n_2 a_2 + ...`` (``0 <= n_i <= count``) in ``(low, high]``."""
+    def walk(i: int, total: float) -> Iterable[float]:
+        if i == len(sizes):
+            if low < total <= high:
+                yield total
+            return
+        for n in range(min(count, int((high - total) // sizes[i])) + 1):
+            yield from walk(i + 1, total + n * sizes[i])
+    return walk(0, 0.0)
+
+
 def first_backward_bound(graph: TaskGraph, es: Mapping[Key, float]) -> float:
     """The warm-up's memory bound: a device idles when its room fills before its first
     backward can start.
