@@ -18,8 +18,8 @@ import pytest
 
 from optpipe.costmodel import default_problem
 from optpipe.optimizer.driver import solve
-from optpipe.optimizer.offload_list import (VARIANTS, offload_list_schedule,
-                                            offload_list_schedules)
+from optpipe.optimizer.offload_list import (VARIANTS, RandomizedSearch,
+                                            offload_list_schedule, offload_list_schedules)
 from optpipe.optimizer.offload_starts import offloaded_list_schedules
 from optpipe.optimizer.preprocess import lower_bound, task_graph
 from optpipe.schedule import Op
@@ -113,26 +113,25 @@ def test_randomized_runs_only_return_what_fits_and_beats_the_bar() -> None:
                       deadline=0.0, bar=bar) == (None, 0)
 
 
-def test_the_randomized_search_keeps_its_best_in_both_w_policies() -> None:
-    """:class:`RandomizedSearch` from call to call: each call returns a schedule that
-    fits, beats what the search held when called and is its new best (the greedy's
-    planned step, with perturbed priorities too, is the simulated one); its best never
-    gets worse; and the W policy the start did not use has a basin of its own that
-    runs (its first runs are slower than the start, so one basin would never keep
-    them: on 16 stages at 40 GB two basins reach 1.992 s, one 2.086 s, in 15 s)."""
+def _searched(seed: int, calls: int, seconds: float, stall: int | None = None
+              ) -> tuple[RandomizedSearch, list[float]]:
+    """A :class:`RandomizedSearch` on 8 x 8 at 40 GB (interleaved chunks, from the
+    first variant) called ``calls`` times for ``seconds``, and its best before and
+    after each call; every call's schedule checked on the way: it fits, beats what the
+    search held when called and is its new best, and the greedy's planned step (with
+    perturbed priorities too) is the simulated one."""
     import time
-
-    from optpipe.optimizer.offload_list import RandomizedSearch
 
     problem = default_problem(8, 8, budget="40GB")
     place = PLACEMENTS["interleaved"](8)
     start = offload_list_schedules(problem, place, variants=VARIANTS[:1])[0]
-    begin = simulate(problem, start).makespan
     search = RandomizedSearch(problem, place, True, start.provenance["offload_list"],
-                              begin, seed=3)
+                              simulate(problem, start).makespan, seed=seed)
+    if stall is not None:
+        search.STALL = stall
     held = [search.makespan]
-    for _ in range(6):
-        found = search.run(time.monotonic() + 0.5)
+    for _ in range(calls):
+        found = search.run(time.monotonic() + seconds)
         if found is not None:
             result = simulate(problem, found)
             assert result.fits and result.makespan < held[-1]
@@ -140,6 +139,15 @@ def test_the_randomized_search_keeps_its_best_in_both_w_policies() -> None:
             assert result.makespan == pytest.approx(
                 found.provenance["planned_makespan"], abs=1e-9)
         held.append(search.makespan)
+    return search, held
+
+
+def test_the_randomized_search_keeps_its_best_in_both_w_policies() -> None:
+    """:class:`RandomizedSearch` from call to call (:func:`_searched`): its best never
+    gets worse; and the W policy the start did not use has a basin of its own that
+    runs (its first runs are slower than the start, so one basin would never keep
+    them: on 16 stages at 40 GB two basins reach 1.992 s, one 2.086 s, in 15 s)."""
+    search, held = _searched(seed=3, calls=6, seconds=0.5)
     assert held == sorted(held, reverse=True)
     assert search.runs >= 6
     assert all(best < float("inf") for _, _, best in search.basins.values())
@@ -149,24 +157,7 @@ def test_a_stalled_basin_restarts_and_the_best_is_kept() -> None:
     """A basin that has not improved for ``STALL`` runs restarts from a fresh draw near
     its start, which may be slower than the best so far: the search still reports
     (and returns only schedules that beat) its best, which never gets worse."""
-    import time
-
-    from optpipe.optimizer.offload_list import RandomizedSearch
-
-    problem = default_problem(8, 8, budget="40GB")
-    place = PLACEMENTS["interleaved"](8)
-    start = offload_list_schedules(problem, place, variants=VARIANTS[:1])[0]
-    search = RandomizedSearch(problem, place, True, start.provenance["offload_list"],
-                              None, seed=1)
-    search.STALL = 2
-    held = [search.makespan]
-    for _ in range(4):
-        found = search.run(time.monotonic() + 0.3)
-        if found is not None:
-            result = simulate(problem, found)
-            assert result.fits and result.makespan < held[-1]
-            assert result.makespan == pytest.approx(search.makespan, abs=1e-12)
-        held.append(search.makespan)
+    search, held = _searched(seed=1, calls=4, seconds=0.3, stall=2)
     assert search.restarts >= 1
     assert held == sorted(held, reverse=True)
     assert search.makespan <= min(best for _, _, best in search.basins.values())

@@ -493,3 +493,20 @@ def test_offload_warmup_bound_counts_the_link_in_the_warm_up() -> None:
     fast = replace(problem, d2h_bandwidth=problem.d2h_bandwidth * 20,
                    h2d_bandwidth=problem.h2d_bandwidth * 20)
     assert offload_warmup_bound(task_graph(fast, True, v_placement(8))) == 0.0
+
+
+def test_byte_sums_are_every_sum_of_whole_forwards_in_the_window() -> None:
+    """:func:`offload_warmup_bound` looks only at these: none may be missing."""
+    import itertools
+    import random
+
+    from optpipe.optimizer.preprocess import _byte_sums
+    rng = random.Random(3)
+    for _ in range(100):
+        sizes = [rng.choice([3.0, 5.0, 7.5, 10.0]) for _ in range(rng.choice([1, 2, 3]))]
+        count, low = rng.randint(0, 6), rng.uniform(0, 40)
+        high = low + rng.uniform(0, 30)
+        every = sorted(total for counts in itertools.product(range(count + 1),
+                                                             repeat=len(sizes))
+                       if low < (total := sum(n * a for n, a in zip(counts, sizes))) <= high)
+        assert sorted(_byte_sums(sizes, count, low, high)) == every

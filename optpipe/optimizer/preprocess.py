@@ -31,9 +31,10 @@ from __future__ import annotations
 import bisect
 import functools
 import heapq
+import itertools
 import math
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Iterator, Mapping, Sequence
 
 from optpipe.errors import OptPipeError
 from optpipe.memory.accounting import duration as action_duration
@@ -603,7 +604,8 @@ def offload_warmup_bound(graph: TaskGraph) -> float:
     frees bytes for at most ``pace < 1`` seconds of forward per second, none past ``e +
     f_max / (1 - pace)`` can be lower than at ``e`` (the forward work that fits grows
     by at most ``pace`` per second plus one forward). Where the link keeps pace with
-    the forwards the device need not idle: no term.
+    the forwards the device need not idle: no term; nor where that window holds more
+    than :data:`MAX_BYTE_SUMS` byte sums (a link nearly as fast as the forwards).
     """
     p = graph.problem
     es = earliest_starts(graph)
@@ -633,10 +635,14 @@ def offload_warmup_bound(graph: TaskGraph) -> float:
             the earliest the device's other work can all have started by."""
             return t - min(t - head, _forward_room(forwards, kept, p.microbatches))
 
-        least = rest_from(first, held(first))
         last = first + max(f for f, _ in forwards) / (1 - pace)
-        for total in _byte_sums([a for _, a in forwards], p.microbatches,
-                                held(first), held(last)):
+        sums = set(itertools.islice(_byte_sums(
+            [a for _, a in forwards], p.microbatches, held(first), held(last)),
+            MAX_BYTE_SUMS + 1))
+        if len(sums) > MAX_BYTE_SUMS:   # a link nearly as fast as the forwards: no term
+            continue
+        least = rest_from(first, held(first))
+        for total in sums:
             # a byte sum of whole forwards, reached at this t; a hair more bytes, so a
             # float rounded down still counts every forward that fits (the bound only
             # gets lower)
@@ -646,16 +652,26 @@ def offload_warmup_bound(graph: TaskGraph) -> float:
     return best * (1 - 1e-9)
 
 
+#: the most byte sums :func:`offload_warmup_bound` looks at per device (each costs a
+#: knapsack over the device's stages); only a link nearly as fast as the forwards needs
+#: more, and there the bound gives little
+MAX_BYTE_SUMS = 2000
+
+
 def _byte_sums(sizes: Sequence[float], count: int, low: float, high: float
-               ) -> Iterable[float]:
-    """Every ``n_1 a_1 + n_2 a_2 + ...`` (``0 <= n_i <= count``) in ``(low, high]``."""
-    def walk(i: int, total: float) -> Iterable[float]:
-        if i == len(sizes):
-            if low < total <= high:
-                yield total
+               ) -> Iterator[float]:
+    """Every ``n_1 a_1 + n_2 a_2 + ...`` (``0 <= n_i <= count``) in ``(low, high]``,
+    the last count drawn only from those that land there."""
+    def walk(i: int, total: float) -> Iterator[float]:
+        a = sizes[i]
+        most = min(count, math.floor((high - total) / a))
+        if i == len(sizes) - 1:
+            for n in range(max(0, math.floor((low - total) / a)), most + 1):
+                if low < total + n * a <= high:
+                    yield total + n * a
             return
-        for n in range(min(count, int((high - total) // sizes[i])) + 1):
-            yield from walk(i + 1, total + n * sizes[i])
+        for n in range(most + 1):
+            yield from walk(i + 1, total + n * a)
     return walk(0, 0.0)
 
 
