@@ -6,25 +6,29 @@ RandomizedSearch` (most runs perturb the best run so far, a few draw afresh; one
 per W policy), kept per placement and run round-robin over every placement whose best
 offload-aware schedule is within ``driver.RANDOMIZED_REACH`` of the best one's.
 Revision 31 restarts a basin near its start once it has gone ``STALL`` runs without a
-gain.
+gain. Revision 32 sends a forward's activation out only when it can come back in time
+behind the copies already queued (``offload_list.QUEUE_AWARE``; a share of the fresh
+draws, ``QUEUE_FLIP``, take the old rule).
 
 ``--strategies`` measures the search alone, from the best variant on a placement, with
 three seeds: fresh draws only (``FRESH`` = 1, one basin: revision 29's GRASP), the
-perturbing search with one basin, with two (revision 30), and with two that restart
-when stalled (revision 31, what the driver uses)::
+perturbing search with one basin, with two (revision 30), with two that restart when
+stalled (revision 31), and with the queue-aware offloads (revision 32, what the driver
+uses)::
 
     python scripts/bench_offload_search.py --strategies      # writes docs/optimizer-log.md
-    python scripts/bench_offload_search.py --strategies --kinds two,restart
+    python scripts/bench_offload_search.py --strategies --kinds restart,queue
 
 Without it, the presets are solved as ``optpipe solve`` does (offload decided
-automatically, the cache off), once with revision 30's randomized runs (no restarts)
-and once as now::
+automatically, the cache off), once with revision 31's offloads (by the path alone) and
+once as now::
 
     python scripts/bench_offload_search.py
     python scripts/bench_offload_search.py --no-write --cases 16stage-40GB
 
 The tables of revision 30's item in docs/optimizer-log.md (revision 29 against 30) were
-measured with this script at f4db9b2 and 1bc0eb6, before it moved on to revision 31.
+measured with this script at f4db9b2 and 1bc0eb6, those of revision 31's item (30
+against 31) at 4d58875, before it moved on to revision 32.
 """
 
 from __future__ import annotations
@@ -44,16 +48,21 @@ from bench_offload_list import PRESETS, problem_of  # noqa: E402
 from docblock import publish  # noqa: E402
 
 DOC = ROOT / "docs" / "optimizer-log.md"
-DRIVER = "<!-- offload-restart:start -->", "<!-- offload-restart:end -->"
-STRATEGIES = ("<!-- offload-restart-strategies:start -->",
-              "<!-- offload-restart-strategies:end -->")
+DRIVER = "<!-- offload-queue:start -->", "<!-- offload-queue:end -->"
+STRATEGIES = ("<!-- offload-queue-strategies:start -->",
+              "<!-- offload-queue-strategies:end -->")
 NEVER = 10**9                           # a STALL no search reaches: no restarts
-#: key -> (column, RandomizedSearch.FRESH, .BASINS, .STALL)
-KINDS = {"fresh": ("fresh draws only (revision 29)", 1.0, 1, NEVER),
-         "one": ("perturbing, one basin", 0.3, 1, NEVER),
-         "two": ("perturbing, two basins (revision 30)", 0.3, 2, NEVER),
-         "restart": ("two basins, restarted when stalled (revision 31)", 0.3, 2, 60)}
+#: key -> (column, RandomizedSearch.FRESH, .BASINS, .STALL, offload_list.QUEUE_AWARE,
+#: offload_list.QUEUE_FLIP)
+KINDS = {"fresh": ("fresh draws only (revision 29)", 1.0, 1, NEVER, False, 0.0),
+         "one": ("perturbing, one basin", 0.3, 1, NEVER, False, 0.0),
+         "two": ("perturbing, two basins (revision 30)", 0.3, 2, NEVER, False, 0.0),
+         "restart": ("two basins, restarted when stalled (revision 31)", 0.3, 2, 60,
+                     False, 0.0),
+         "queue": ("restarts, offloads that can come back in time (revision 32)",
+                   0.3, 2, 60, True, 0.25)}
 KNOBS = ("FRESH", "BASINS", "STALL")
+MODULE_KNOBS = ("QUEUE_AWARE", "QUEUE_FLIP")
 #: (case, placement) the strategies are measured on: the placements the driver's
 #: randomized runs went to (and the V shape, the optimum's, at 8 x 16)
 SEARCH_CASES = (("8stage-40GB", "interleaved"), ("16stage-40GB", "interleaved"),
@@ -64,21 +73,22 @@ SEEDS = (0, 1, 2)
 
 
 def strategies_row(label: str, placement: str, seconds: float, kinds: list[str]) -> str:
-    """Mean makespan over :data:`SEEDS` after a third of ``seconds`` and after all of
-    it, and the best, for each of ``kinds`` (keys of :data:`KINDS`)."""
+    """For each of ``kinds`` (keys of :data:`KINDS`): the best variant's makespan (the
+    start, built with the kind's knobs), the mean over :data:`SEEDS` after a third of
+    ``seconds`` and after all of it, and the best."""
     from optpipe.optimizer import offload_list
     from optpipe.schedule import searched_placements
     from optpipe.simulator import simulate
 
     problem = problem_of(label)
     place = searched_placements(problem.devices)[placement]
-    made = [(simulate(problem, s), i, s)
-            for i, s in enumerate(offload_list.offload_list_schedules(problem, place))]
-    best, _, start = min(((r.makespan, i, s) for r, i, s in made if r.fits),
-                         key=lambda t: t[:2])
-    cells = [label, placement, f"{best:.4g} s ({start.name})"]
+    cells = [label, placement]
     for kind in kinds:
         with _knobs(*KINDS[kind][1:]):
+            made = [(simulate(problem, s), i, s) for i, s in
+                    enumerate(offload_list.offload_list_schedules(problem, place))]
+            best, _, start = min(((r.makespan, i, s) for r, i, s in made if r.fits),
+                                 key=lambda t: t[:2])
             early, late = [], []
             for seed in SEEDS:
                 search = offload_list.RandomizedSearch(
@@ -87,8 +97,8 @@ def strategies_row(label: str, placement: str, seconds: float, kinds: list[str])
                 early.append(search.makespan)
                 search.run(time.monotonic() + seconds * 2 / 3)
                 late.append(search.makespan)
-        cells.append(f"{statistics.mean(early):.4g} / {statistics.mean(late):.4g} s "
-                     f"(best {min(late):.4g})")
+        cells.append(f"{best:.4g} s / {statistics.mean(early):.4g} / "
+                     f"{statistics.mean(late):.4g} s (best {min(late):.4g})")
     line = "| " + " | ".join(cells) + " |"
     print(line, flush=True)
     return line
@@ -96,24 +106,29 @@ def strategies_row(label: str, placement: str, seconds: float, kinds: list[str])
 
 @contextlib.contextmanager
 def _knobs(*values: float) -> Iterator[None]:
-    """RandomizedSearch's :data:`KNOBS` set to ``values`` for the block."""
-    from optpipe.optimizer.offload_list import RandomizedSearch
+    """RandomizedSearch's :data:`KNOBS`, then offload_list's :data:`MODULE_KNOBS`, set
+    to ``values`` for the block."""
+    from optpipe.optimizer import offload_list
 
-    saved = [getattr(RandomizedSearch, knob) for knob in KNOBS]
-    for knob, value in zip(KNOBS, values):
-        setattr(RandomizedSearch, knob, value)
+    owners = [offload_list.RandomizedSearch] * len(KNOBS) + [offload_list] * len(
+        MODULE_KNOBS)
+    names = KNOBS + MODULE_KNOBS
+    saved = [getattr(owner, knob) for owner, knob in zip(owners, names)]
+    for owner, knob, value in zip(owners, names, values):
+        setattr(owner, knob, value)
     try:
         yield
     finally:
-        for knob, value in zip(KNOBS, saved):
-            setattr(RandomizedSearch, knob, value)
+        for owner, knob, value in zip(owners, names, saved):
+            setattr(owner, knob, value)
 
 
 def driver_row(label: str, now: bool, seconds: float) -> str:
-    """``optpipe solve`` on a preset, with revision 30's randomized runs or as now."""
+    """``optpipe solve`` on a preset, with revision 31's offload-aware list schedules
+    (every forward's activation sent out by its stage's path alone) or as now."""
     from optpipe.optimizer import driver
 
-    settings = KINDS["restart" if now else "two"][1:]
+    settings = KINDS["queue" if now else "restart"][1:]
     with _knobs(*settings):
         t0 = time.monotonic()
         result = driver.solve(problem_of(label), time_limit=seconds, cache=False,
@@ -121,7 +136,7 @@ def driver_row(label: str, now: bool, seconds: float) -> str:
         wall = time.monotonic() - t0
     placement = result.schedule.provenance.get("placement")
     placed = f" ({placement})" if placement else ""
-    line = (f"| {label} | {'revision 31' if now else 'revision 30 (no restarts)'}"
+    line = (f"| {label} | {'revision 32' if now else 'revision 31 (path alone)'}"
             f" | {result.sim.makespan:.4g} s | {(result.gap or 0.0):.2%} | "
             f"{result.schedule.name}{placed} | "
             f"{wall:.0f} s |")
@@ -146,16 +161,17 @@ def main() -> None:
         kinds = args.kinds.split(",")
         if not set(kinds) <= set(KINDS):
             raise SystemExit(f"unknown kind in {args.kinds!r}; known: {', '.join(KINDS)}")
-        table = ["| problem | placement | best variant | "
+        table = ["| problem | placement | "
                  + " | ".join(KINDS[kind][0] for kind in kinds) + " |",
-                 "|---" * (3 + len(kinds)) + "|"]
+                 "|---" * (2 + len(kinds)) + "|"]
         table += [strategies_row(label, placement, seconds, kinds)
                   for label, placement in SEARCH_CASES]
         command = "python scripts/bench_offload_search.py --strategies" + (
             f" --kinds {args.kinds}" if kinds != list(KINDS) else "")
         caption = (f"Measured with `{command} "
                    f"--seconds {seconds:g}` ({time.strftime('%Y-%m-%d')}, 2 cores; each "
-                   f"cell: the mean over seeds {', '.join(map(str, SEEDS))} after "
+                   "cell: the best variant's makespan (the search's start), the mean "
+                   f"over seeds {', '.join(map(str, SEEDS))} after "
                    f"{seconds / 3:g} s / after {seconds:g} s, and the best after "
                    f"{seconds:g} s; makespans simulated; bench-SxM: the benchmark's "
                    "uniform problem at S/2).")

@@ -12,6 +12,7 @@ offloading, which is why the driver runs them.
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -21,7 +22,7 @@ from optpipe.optimizer.driver import solve
 from optpipe.optimizer.offload_list import (VARIANTS, RandomizedSearch,
                                             offload_list_schedule, offload_list_schedules)
 from optpipe.optimizer.offload_starts import offloaded_list_schedules
-from optpipe.optimizer.preprocess import lower_bound, task_graph
+from optpipe.optimizer.preprocess import earliest_starts, lower_bound, task_graph
 from optpipe.schedule import Op
 from optpipe.simulator import simulate
 from test_listsched import PLACEMENTS
@@ -37,9 +38,11 @@ def test_the_planned_step_is_the_simulated_one_and_fits(seed: int, shape: str) -
     place = PLACEMENTS[shape](problem.devices)
     for split in (True, False):
         bound = lower_bound(task_graph(problem, split, place))
-        for eager_w, reserve, away in VARIANTS:
+        for (eager_w, reserve, away), queue_aware in itertools.product(VARIANTS,
+                                                                        (False, True)):
             schedule = offload_list_schedule(problem, place, split, eager_w=eager_w,
-                                             reserve=reserve, away=away)
+                                             reserve=reserve, away=away,
+                                             queue_aware=queue_aware)
             if schedule is None:
                 continue
             result = simulate(problem, schedule)
@@ -67,6 +70,38 @@ def test_a_slow_host_link_is_used_better_than_by_fitted_plans() -> None:
         assert min(r.makespan for r in results) < min(fitted, default=float("inf"))
 
 
+def test_an_activation_goes_out_only_when_it_can_come_back_in_time() -> None:
+    """With ``queue_aware`` an activation is sent to the host only when, behind the
+    copies already queued on the device-to-host channel, it can still go out and come
+    back within its path to its own backward (``away`` times the two copies): on the
+    8-stage preset at 40 GB, where the link is slower than the forwards, the channel's
+    queue grows in the warm-up, and the rule by the path alone sends out activations
+    whose backward then waits for their reload."""
+    problem = default_problem(8, 16, budget="40GB")
+    place = PLACEMENTS["interleaved"](8)
+    graph = task_graph(problem, True, place)
+    es = earliest_starts(graph)
+    split = graph.problem
+
+    def late(queue_aware: bool) -> int:
+        """How many OFFLOADs start later after their forward than the rule allows."""
+        schedule = offload_list_schedule(problem, place, queue_aware=queue_aware)
+        assert schedule is not None
+        result = simulate(problem, schedule)
+        assert result.fits
+        count = 0
+        for rec in result.records:
+            if rec.action.op is Op.OFFLOAD:
+                s, m = rec.action.stage, rec.action.microbatch
+                path = es[(Op.B, s, 0)] - es[(Op.F, s, 0)] - graph.duration[(Op.F, s, 0)]
+                copies = split.offload_time(s) + split.reload_time(s)
+                count += rec.start - result.record(Op.F, s, m).end > path - copies + 1e-9
+        return count
+
+    assert late(True) == 0
+    assert late(False) > 0
+
+
 def test_a_deadline_stops_between_variants() -> None:
     problem = default_problem(8, 8, budget="40GB")
     place = PLACEMENTS["v"](8)
@@ -74,8 +109,8 @@ def test_a_deadline_stops_between_variants() -> None:
     one = offload_list_schedules(problem, place, variants=VARIANTS[:1])
     assert len(one) == 1
     assert one[0].provenance["offload_list"] == {
-        "eager_w": False, "reserve": 0, "away": 1.0, "lead": 1.0, "jitter": 0.0, "seed": 0,
-        "perturbed": False}
+        "eager_w": False, "reserve": 0, "away": 1.0, "lead": 1.0, "queue_aware": True,
+        "jitter": 0.0, "seed": 0, "perturbed": False}
 
 
 def test_the_driver_hands_them_on_with_offload_only() -> None:

@@ -82,13 +82,15 @@ _PACKAGE = Path(__file__).resolve().parent.parent
 #: one basin per W policy), on every placement within
 #: :data:`~.driver.RANDOMIZED_REACH` of the best, round-robin; 31: a basin that has not
 #: improved for :attr:`~.offload_list.RandomizedSearch.STALL` runs restarts near its
-#: start, the best run kept apart). A cached
+#: start, the best run kept apart; 32: an offload-aware list schedule sends a forward's
+#: activation to the host only when, behind the copies already queued, it can come
+#: back before its backward needs it, :data:`~.offload_list.QUEUE_AWARE`). A cached
 #: schedule from an older search that was not proven optimal is solved again: the same
 #: problem and time limit may now give a faster one. Not bumped for the warm-up memory
 #: bound (2026-12-01): it proves more but searches the same way (the window search
 #: still keys on the round trip), so a cached answer would come back no faster; its
 #: stored bound is true, only weaker.
-SEARCH_REVISION = 31
+SEARCH_REVISION = 32
 
 
 def cache_dir() -> Path:

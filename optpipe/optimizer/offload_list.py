@@ -15,9 +15,10 @@ then a W; ``eager_w`` runs W's before forwards), with the simulator's transfer r
 (:mod:`optpipe.simulator`): an OFFLOAD is listed right after each forward whose
 activation would otherwise sit idle longer than the copy out and back (its path to its
 own backward, :func:`.preprocess.tails`-style, is at least ``away`` times the two
-copies); a RELOAD is listed after the device's latest compute action once the
-backward's gradient is due within the copy's time (estimated from the part of the
-microbatch's backward path already placed); memory is counted with
+copies, counted from when the device-to-host channel is free of the copies already
+queued on it: :data:`QUEUE_AWARE`); a RELOAD is listed after the device's latest
+compute action once the backward's gradient is due within the copy's time (estimated
+from the part of the microbatch's backward path already placed); memory is counted with
 :mod:`optpipe.memory.accounting` at the simulator's moments (a forward's bytes at its
 start, an OFFLOAD's release at its end, a RELOAD's reservation at its issue). A forward
 that fits only once an OFFLOAD under way has ended waits for it with the OFFLOAD's
@@ -50,6 +51,20 @@ _EPS = 1e-12
 #: (``python scripts/bench_offload_list.py``), so a short deadline still runs it.
 VARIANTS = ((False, 0, 1.0), (False, 1, 1.0), (False, 0, 2.0), (True, 0, 1.0),
             (True, 0, 2.0), (False, 1, 2.0), (True, 1, 1.0), (True, 1, 2.0))
+
+
+#: Whether a forward's activation goes out only when it can still come back in time
+#: behind the copies already queued on the device-to-host channel (search revision 32),
+#: rather than by its stage's path alone. Why: in a slow link's warm-up the channel's
+#: queue grows, and by the path alone an activation whose backward comes soon went out
+#: late, came back later still, and held its backward and every device behind it
+#: (``--stages 8 --mem 40GB``: microbatch 0's first backward 0.28 s late on device 1,
+#: waiting for its reload). Measured with ``python scripts/bench_offload_search.py
+#: --strategies --kinds restart,queue`` (docs/optimizer-log.md, revision-32 item).
+QUEUE_AWARE = True
+#: The share of :class:`RandomizedSearch`'s fresh draws that take the other rule (the
+#: path alone): on ``--stages 8 --mem 40GB`` its runs were a hair faster.
+QUEUE_FLIP = 0.25
 
 
 class _Device:
@@ -96,6 +111,7 @@ def offload_list_schedule(problem: Problem, placement: Sequence[int],
                           split_backward: bool = True, *, eager_w: bool = False,
                           reserve: float = 0, away: float = 1.0, lead: float = 1.0,
                           jitter: float = 0.0, seed: int = 0,
+                          queue_aware: bool | None = None,
                           graph: TaskGraph | None = None,
                           scale: dict[Key, float] | None = None) -> Schedule | None:
     """One offload-aware list schedule (module docstring), or None when it stalls.
@@ -105,9 +121,12 @@ def offload_list_schedule(problem: Problem, placement: Sequence[int],
     path to the end) is scaled by a random factor within ``1 +- jitter`` (``seed``), for
     the randomized runs the driver makes with time left over (:func:`randomized`).
     ``scale``: the priorities' factors instead (:class:`RandomizedSearch`'s perturbed
-    runs; the provenance then says ``perturbed``: jitter and seed do not rebuild it)."""
+    runs; the provenance then says ``perturbed``: jitter and seed do not rebuild it).
+    ``queue_aware``: :data:`QUEUE_AWARE` when None."""
     if graph is None:
         graph = task_graph(problem, split_backward, placement)
+    if queue_aware is None:
+        queue_aware = QUEUE_AWARE
     split = graph.problem
     place = list(placement)
     D, M = split.devices, split.microbatches
@@ -292,7 +311,10 @@ def offload_list_schedule(problem: Problem, placement: Sequence[int],
             dv.issue.append(start)
             nxt[(op, s)] += 1
             left -= 1
-            if op is Op.F and goes_out[s]:
+            # behind the copies queued, can it still go out and come back in time?
+            in_time = not queue_aware or finish + path[s] >= max(finish, dv.d2h) + away * (
+                split.offload_time(s) + split.reload_time(s))
+            if op is Op.F and goes_out[s] and in_time:
                 offload_end[(s, m)] = list_transfer(d, Op.OFFLOAD, s, m, finish)
                 waiting_reload[d][s].append(m)
                 heapq.heappush(wake, (offload_end[(s, m)], next(tick), d))
@@ -312,6 +334,7 @@ def offload_list_schedule(problem: Problem, placement: Sequence[int],
                                     "planned_by": "an offload-aware list schedule",
                                     "offload_list": {"eager_w": eager_w, "reserve": reserve,
                                                      "away": away, "lead": lead,
+                                                     "queue_aware": queue_aware,
                                                      "jitter": jitter, "seed": seed,
                                                      "perturbed": perturbed},
                                     "planned_makespan": max(end.values(), default=0.0)})
@@ -345,12 +368,12 @@ class RandomizedSearch:
     Each run either perturbs its basin's run in hand (70%: the reload lead or the
     offload threshold scaled a little, the priorities of 1, 3 or 10% of the tasks by up
     to 20%) or draws afresh near it (:data:`FRESH`: the reserve moved by half an
-    activation, the lead and the threshold drawn, every priority jittered anew); a run
-    as fast as the one in hand replaces it (the search walks plateaus). The two W
-    policies (eager or not) are two basins, run in turn, each from its own start
-    (:data:`BASINS`). Why:
-    the greedy's choices hang on ties and thresholds, and fresh draws alone (revision
-    29's GRASP) forget every good choice they found; the other W policy's first runs
+    activation, the lead and the threshold drawn, in :data:`QUEUE_FLIP` of them the
+    other offload rule, every priority jittered anew); a run as fast as the one in
+    hand replaces it (the search walks plateaus). The two W policies (eager or not) are
+    two basins, run in turn, each from its own start (:data:`BASINS`). Why: the
+    greedy's choices hang on ties and thresholds, and fresh draws alone (revision 29's
+    GRASP) forget every good choice they found; the other W policy's first runs
     are slower than the start and would never be kept against it, yet on ``--stages 16
     --mem 40GB`` it is the better one (``python scripts/bench_offload_search.py
     --strategies``: 1.992 s mean after 15 s against 2.086 s with one basin and 2.103 s
@@ -378,7 +401,8 @@ class RandomizedSearch:
         self.keys = list(self.graph.keys)
         self.rng = random.Random(seed)
         params = {"eager_w": bool(around["eager_w"]), "reserve": around["reserve"],
-                  "away": around["away"], "lead": around.get("lead", 1.0)}
+                  "away": around["away"], "lead": around.get("lead", 1.0),
+                  "queue_aware": around.get("queue_aware", False)}
         # a perturbed start's priorities are not in its provenance: start from its path
         jitter = 0.0 if around.get("perturbed") else around.get("jitter", 0.0)
         start = random.Random(around.get("seed", 0))
@@ -463,12 +487,15 @@ class RandomizedSearch:
 
     def _fresh(self, params: dict) -> tuple[dict, dict[Key, float]]:
         """A run drawn afresh near ``params``: the reserve moved by half an activation,
-        the lead and the offload threshold drawn, every priority jittered anew."""
+        the lead and the offload threshold drawn, the offload rule switched in
+        :data:`QUEUE_FLIP` of them, every priority jittered anew."""
         rng = self.rng
         params = dict(params)
         params["reserve"] = max(0.0, params["reserve"] + rng.choice((-0.5, 0.0, 0.5)))
         params["away"] *= rng.uniform(0.6, 1.5)
         params["lead"] = rng.uniform(0.5, 2.5)
+        if rng.random() < QUEUE_FLIP:
+            params["queue_aware"] = not params["queue_aware"]
         jitter = rng.uniform(0.0, 0.1)
         return params, {k: 1 + rng.uniform(-jitter, jitter) for k in self.keys}
 
