@@ -156,8 +156,11 @@ def offload_list_schedule(problem: Problem, placement: Sequence[int],
             length += graph.duration[(bwd, x, 0)] + (
                 split.p2p if place[x] != place[x - 1] else 0)
         path[s] = length
-    goes_out = [split.activation[s] > 0 and path[s] >= away * (
-        split.offload_time(s) + split.reload_time(s)) for s in range(split.stages)]
+    # how long an activation must be expected to sit idle to go out: ``away`` x its copies
+    round_trip = [away * (split.offload_time(s) + split.reload_time(s))
+                  for s in range(split.stages)]
+    goes_out = [split.activation[s] > 0 and path[s] >= round_trip[s]
+                for s in range(split.stages)]
     reserve_bytes = [reserve * max((split.activation[x] for x in stages_on[d]), default=0)
                      for d in range(D)]
 
@@ -313,10 +316,10 @@ def offload_list_schedule(problem: Problem, placement: Sequence[int],
             dv.issue.append(start)
             nxt[(op, s)] += 1
             left -= 1
-            # behind the copies queued, can it still go out and come back in time?
-            in_time = not queue_aware or finish + path[s] >= max(finish, dv.d2h) + away * (
-                split.offload_time(s) + split.reload_time(s))
-            if op is Op.F and goes_out[s] and in_time:
+            # with queue_aware: behind the copies queued, can it still come back in time?
+            if op is Op.F and goes_out[s] and (
+                    not queue_aware
+                    or finish + path[s] >= max(finish, dv.d2h) + round_trip[s]):
                 offload_end[(s, m)] = list_transfer(d, Op.OFFLOAD, s, m, finish)
                 waiting_reload[d][s].append(m)
                 heapq.heappush(wake, (offload_end[(s, m)], next(tick), d))
