@@ -52,8 +52,9 @@ def _problem(stages: int, microbatches: int, budget: float):
 
 
 def _hints(problem):
-    from optpipe.optimizer.driver import _hint_pool, fixed_schedules
-    return _hint_pool(fixed_schedules(problem), True)
+    from optpipe.optimizer.candidates import hint_pool
+    from optpipe.optimizer.preprocess import fixed_schedules
+    return hint_pool(fixed_schedules(problem), True)
 
 
 def _model_inputs(problem, placement):

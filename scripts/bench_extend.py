@@ -4,11 +4,11 @@ steady state repeated.
 
 Why this script: since search revision 15 the driver searches the V shape on half the
 microbatches where memory binds but not hard, and repeats a window of that schedule
-(``driver._add_chunked_extended``, ``extend.extensions``). Where that pays decides its
+(``warm_starts.add_chunked_extended``, ``extend.extensions``). Where that pays decides its
 limits: the half's size, the placement, the budget. This measures, on the benchmark's
 problems (``bench_solver.bench_problem``: F = B = W = 1 s, p2p 0.05 s), what CP-SAT
 alone reaches on the half in a given time (hinted as the driver hints it,
-``driver.chunked_source_hints``) and the fastest fitting extension of that schedule to
+``warm_starts.chunked_source_hints``) and the fastest fitting extension of that schedule to
 the full problem, against the full problem's memory bound on that placement. One run
 each; nothing is asserted; the table goes to docs/optimizer-log.md between markers.
 
@@ -43,7 +43,8 @@ def run(stages: int, microbatches: int, shape: str, budget: float, seconds: floa
         ) -> list[str]:
     """One case: the half's makespan and bound, the best extension and its gap."""
     from optpipe.optimizer.cpsat import make_ticks, solve_cpsat
-    from optpipe.optimizer.driver import _fused_faster, chunked_source_hints
+    from optpipe.optimizer.candidates import fused_is_faster
+    from optpipe.optimizer.warm_starts import chunked_source_hints
     from optpipe.optimizer.extend import extensions
     from optpipe.optimizer.preprocess import lower_bound, memory_bound
     from optpipe.schedule import searched_placements
@@ -51,7 +52,7 @@ def run(stages: int, microbatches: int, shape: str, budget: float, seconds: floa
     problem = bench_problem(stages, microbatches, stages * budget, False)
     half = replace(problem, microbatches=microbatches // 2)
     place = searched_placements(stages)[shape]
-    hints = chunked_source_hints(shape, place, True, _fused_faster(problem))(half)
+    hints = chunked_source_hints(shape, place, True, fused_is_faster(problem))(half)
     source = solve_cpsat(half, warm_start=hints, time_limit=seconds, placement=place,
                          threads=2)
     began = time.monotonic()

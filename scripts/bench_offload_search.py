@@ -4,7 +4,7 @@ Search revision 30 replaced the fresh randomized draws of revision 29 (a GRASP n
 best variant, on the best placement only) by :class:`~optpipe.optimizer.offload_list.
 RandomizedSearch` (most runs perturb the best run so far, a few draw afresh; one basin
 per W policy), kept per placement and run round-robin over every placement whose best
-offload-aware schedule is within ``driver.RANDOMIZED_REACH`` of the best one's.
+offload-aware schedule is within ``warm_starts.RANDOMIZED_REACH`` of the best one's.
 Revision 31 restarts a basin near its start once it has gone ``STALL`` runs without a
 gain. Revision 32 sends a forward's activation out only when it can come back in time
 behind the copies already queued (``offload_list.QUEUE_AWARE``; a share of the fresh

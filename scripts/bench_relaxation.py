@@ -59,7 +59,8 @@ def setup(stages: int, microbatches: int, shape: str, budget: float = 1.0):
     schedules), and the placement's memory bound in ticks. Shared with
     ``bench_step_build.py``."""
     from optpipe.optimizer.cpsat import _pick_hint, make_ticks
-    from optpipe.optimizer.driver import _add_list_schedules, _hint_pool
+    from optpipe.optimizer.candidates import hint_pool
+    from optpipe.optimizer.warm_starts import add_list_schedules
     from optpipe.optimizer.preprocess import fixed_schedules, lower_bound, memory_bounds
     from optpipe.schedule import searched_placements
 
@@ -67,8 +68,8 @@ def setup(stages: int, microbatches: int, shape: str, budget: float = 1.0):
     place = searched_placements(stages)[shape]
     ticks = make_ticks(problem, True, False, (), place)
     fixed = fixed_schedules(problem)
-    _add_list_schedules(problem, fixed, True)
-    pool = _hint_pool(fixed, True)
+    add_list_schedules(problem, fixed, True)
+    pool = hint_pool(fixed, True)
     hint = _pick_hint(problem, ticks, False, (), pool)
     lower = int(math.ceil(max(memory_bounds(ticks.graph, lower_bound(ticks.graph))) - 1e-9))
     return problem, place, ticks, pool, hint, lower

@@ -296,7 +296,8 @@ def run(stages: int, microbatches: int, shape: str, variant: str, seed: int,
     """One run: the makespan CP-SAT alone returns with ``variant`` patched in."""
     from optpipe.optimizer import decompose
     from optpipe.optimizer.cpsat import make_ticks, solve_cpsat
-    from optpipe.optimizer.driver import _add_list_schedules, _hint_pool
+    from optpipe.optimizer.candidates import hint_pool
+    from optpipe.optimizer.warm_starts import add_list_schedules
     from optpipe.optimizer.preprocess import fixed_schedules
     from optpipe.schedule import searched_placements
 
@@ -367,8 +368,8 @@ def run(stages: int, microbatches: int, shape: str, variant: str, seed: int,
             raise SystemExit(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
         decompose.time_window_search = search
         fixed = fixed_schedules(problem)
-        _add_list_schedules(problem, fixed, True)
-        result = solve_cpsat(problem, warm_start=_hint_pool(fixed, True),
+        add_list_schedules(problem, fixed, True)
+        result = solve_cpsat(problem, warm_start=hint_pool(fixed, True),
                              time_limit=seconds, placement=place, threads=2)
     finally:
         (decompose.time_window_search, decompose.idle_gaps,

@@ -45,9 +45,9 @@ MODES = {"full": False, "microbatch": True, "time": None}
 def run(stages: int, microbatches: int, budget: float, mode: str, seconds: float,
         width: float | None = None, share: float | None = None) -> str:
     """One solve on the V shape; its makespan and its gap to the memory bounds."""
+    from optpipe.optimizer.candidates import hint_pool
     from optpipe.optimizer.cpsat import make_ticks, solve_cpsat
-    from optpipe.optimizer.driver import _hint_pool, fixed_schedules
-    from optpipe.optimizer.preprocess import lower_bound, memory_bound
+    from optpipe.optimizer.preprocess import fixed_schedules, lower_bound, memory_bound
     from optpipe.schedule import v_placement
     from optpipe.simulator import simulate
 
@@ -61,7 +61,7 @@ def run(stages: int, microbatches: int, budget: float, mode: str, seconds: float
             decompose.TIME_WINDOW_TASKS = width
         if share is not None:
             cpsat.TIME_FULL_SHARE = share
-        result = solve_cpsat(problem, warm_start=_hint_pool(fixed_schedules(problem), True),
+        result = solve_cpsat(problem, warm_start=hint_pool(fixed_schedules(problem), True),
                              time_limit=seconds, placement=place, decompose=MODES[mode])
     finally:
         decompose.TIME_WINDOW_TASKS, cpsat.TIME_FULL_SHARE = saved

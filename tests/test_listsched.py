@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import pytest
 
-from optpipe.optimizer.driver import _add_list_schedules
+from optpipe.optimizer.warm_starts import add_list_schedules
 from optpipe.generators import generate
 from optpipe.generators import listsched as greedy
 from optpipe.generators.listsched import Policy
@@ -89,7 +89,7 @@ def test_driver_adds_only_fitting_list_schedules_as_its_own_warm_starts() -> Non
                               p2p=0.05, activation=1000, freed_by_b=500,
                               static=0).activation_budget(2)
     fixed = FixedSet()
-    _add_list_schedules(problem, fixed, True, None)
+    add_list_schedules(problem, fixed, True, None)
     assert fixed.candidates
     labels = set()
     for c in fixed.candidates:

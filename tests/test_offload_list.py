@@ -206,29 +206,30 @@ def test_the_driver_searches_every_placement_within_reach(monkeypatch) -> None:
     a bound is met."""
     import time
 
-    from optpipe.optimizer import driver
+    from optpipe.optimizer import warm_starts
+    from optpipe.optimizer.candidates import add_fitting, best_listed
     from optpipe.optimizer.preprocess import FixedSet
 
     problem = default_problem(8, 8, budget="40GB")
     fixed = FixedSet()
     for label in ("interleaved", "v"):
-        driver._add_fitting(problem, fixed, offload_list_schedules(
+        add_fitting(problem, fixed, offload_list_schedules(
             problem, PLACEMENTS[label](8), variants=VARIANTS[:2]), label)
-    leader = driver._best_listed(fixed)
-    monkeypatch.setattr(driver, "RANDOMIZED_REACH", 1.0)
+    leader = best_listed(fixed)
+    monkeypatch.setattr(warm_starts, "RANDOMIZED_REACH", 1.0)
     searches: dict = {}
-    runs = driver._add_randomized(problem, fixed, time.monotonic() + 5.0, searches)
+    runs = warm_starts.add_randomized(problem, fixed, time.monotonic() + 5.0, searches)
     assert set(searches) == {"interleaved", "v"}
     assert runs == sum(search.runs for search in searches.values())
     assert all(search.runs >= 1 for search in searches.values())
     for label, search in searches.items():
-        assert driver._best_listed(fixed, label).makespan == pytest.approx(search.makespan)
-    monkeypatch.setattr(driver, "RANDOMIZED_REACH", 0.0)
+        assert best_listed(fixed, label).makespan == pytest.approx(search.makespan)
+    monkeypatch.setattr(warm_starts, "RANDOMIZED_REACH", 0.0)
     alone: dict = {}
-    driver._add_randomized(problem, fixed, time.monotonic() + 1.0, alone)
-    assert set(alone) == {driver._best_listed(fixed).schedule.provenance["placement"]}
-    assert driver._add_randomized(problem, fixed, time.monotonic() + 5.0, {},
-                                  bound=leader.makespan) == 0
+    warm_starts.add_randomized(problem, fixed, time.monotonic() + 1.0, alone)
+    assert set(alone) == {best_listed(fixed).schedule.provenance["placement"]}
+    assert warm_starts.add_randomized(problem, fixed, time.monotonic() + 5.0, {},
+                                       bound=leader.makespan) == 0
 
 
 def test_the_offload_rule_switch_leaves_every_other_draw_as_it_was(monkeypatch) -> None:

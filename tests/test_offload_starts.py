@@ -126,13 +126,14 @@ def test_the_driver_returns_them_as_its_own_answer_only_with_offload() -> None:
 def test_auto_offload_beyond_the_offload_models_size_only_where_memory_binds_hard() -> None:
     """16 x 32 (512 cells, no offload model): at S/2 memory costs the fixed schedules
     far more than 5%, so auto allows offload; at S it costs them 2%, at 2S nothing."""
-    from optpipe.optimizer.driver import _best, _resolve_offload
+    from optpipe.optimizer.driver import _resolve_offload
+    from optpipe.optimizer.preprocess import best_fitting
     from optpipe.optimizer.preprocess import fixed_schedules
 
     for k, expected in ((8, True), (16, False), (32, False)):
         problem = half_budget(16, 32).activation_budget(k)
         fixed = fixed_schedules(problem)
-        best = _best([c for c in fixed.candidates if not c.schedule.offloads])
+        best = best_fitting([c for c in fixed.candidates if not c.schedule.offloads])
         assert _resolve_offload(problem, None, fixed, best) is expected, k
         assert _resolve_offload(problem, False, fixed, best) is False
 

@@ -371,20 +371,20 @@ def test_bad_placements_are_clear_errors() -> None:
 def test_extensions_get_the_larger_share_only_where_their_source_is_large() -> None:
     """The share follows the *source's* size (half the microbatches): 16 x 64 (a 512-cell
     source) gets the larger share, 8 x 64 and 16 x 32 (256-cell sources) do not."""
-    from optpipe.optimizer import driver
+    from optpipe.optimizer import warm_starts
 
     def share(stages: int, microbatches: int) -> float:
-        return driver._extend_share(uniform_problem(stages, microbatches))
-    assert share(16, 64) == driver.EXTEND_SHARE_LARGE
-    assert share(32, 32) == driver.EXTEND_SHARE_LARGE
-    assert share(8, 64) == share(16, 32) == share(4, 64) == driver.EXTEND_SHARE
-    assert driver.EXTEND_SHARE < driver.EXTEND_SHARE_LARGE < 1
+        return warm_starts.extend_share(uniform_problem(stages, microbatches))
+    assert share(16, 64) == warm_starts.EXTEND_SHARE_LARGE
+    assert share(32, 32) == warm_starts.EXTEND_SHARE_LARGE
+    assert share(8, 64) == share(16, 32) == share(4, 64) == warm_starts.EXTEND_SHARE
+    assert warm_starts.EXTEND_SHARE < warm_starts.EXTEND_SHARE_LARGE < 1
 
 
 def test_chunked_extensions_start_the_search_where_memory_binds_softly() -> None:
     """At budget S on 4 x 64 memory binds, but not hard (no periodic blocks): the V
     shape, which the search takes first, is searched on 32 microbatches and its steady
-    state repeated (``_add_chunked_extended``); those schedules fit, are on the V shape,
+    state repeated (``warm_starts.add_chunked_extended``); those schedules fit, are on the V shape,
     and the answer is at least as fast. At 2S a fixed schedule meets its placement's
     bound: none are built."""
     from optpipe.schedule import searched_placements
@@ -413,16 +413,18 @@ def test_no_chunked_extensions_where_interleaved_chunks_go_first(monkeypatch) ->
     cost the search 17 s there before the rule)."""
     from optpipe.cli import build_parser
     from optpipe.cli_common import problem_from_args
-    from optpipe.optimizer import driver, extend
+    from optpipe.optimizer import extend, warm_starts
+    from optpipe.optimizer.candidates import memory_binds_hard
+    from optpipe.optimizer.spaces import placement_spaces
     from optpipe.schedule import searched_placements
 
     args = build_parser().parse_args(["solve", "--stages", "8", "--microbatches", "64",
                                       "--mem", "64GB"])
     problem = problem_from_args(args)
     fixed = fixed_schedules(problem)
-    assert not driver._memory_binds_hard(fixed, False, True)
-    driver._add_list_schedules(problem, fixed, True)
-    first = [sp for sp in driver._spaces(problem, True, fixed, "cpsat")
+    assert not memory_binds_hard(fixed, False, True)
+    warm_starts.add_list_schedules(problem, fixed, True)
+    first = [sp for sp in placement_spaces(problem, True, fixed, "cpsat")
              if sp.label != "linear"][0]
     assert first.placement == searched_placements(8)["interleaved"]
     assert first.best_fixed > first.bound
@@ -431,7 +433,7 @@ def test_no_chunked_extensions_where_interleaved_chunks_go_first(monkeypatch) ->
         raise AssertionError("extended_schedules ran for interleaved chunks")
     monkeypatch.setattr(extend, "extended_schedules", must_not_run)
     before = len(fixed.candidates)
-    driver._add_chunked_extended(problem, fixed, True, 18.0, 2, None)
+    warm_starts.add_chunked_extended(problem, fixed, True, 18.0, 2, None)
     assert len(fixed.candidates) == before
 
 

@@ -71,7 +71,7 @@ _PACKAGE = Path(__file__).resolve().parent.parent
 #: hint is within :data:`~.cpsat.WINDOWLESS_GAP` of the proven bound, leaving the
 #: whole time to the full model; 26: where memory binds hard and the extended
 #: schedules' source is small enough to be proven, that source's prefix cuts are
-#: solved first and go into its model, :data:`~.driver.SOURCE_CUTS_SHARE`; 27: a
+#: solved first and go into its model, :data:`~.warm_starts.SOURCE_CUTS_SHARE`; 27: a
 #: model with the prefix cuts up to :data:`~.cpsat.WINDOWLESS_MAX_CELLS_WITH_CUTS`
 #: cells skips the microbatch windows whatever its hint; 28: with offload, the
 #: offload model runs only while one stage per device's best start is within
@@ -80,7 +80,7 @@ _PACKAGE = Path(__file__).resolve().parent.parent
 #: schedules, :mod:`~.offload_list`, before the plans fitted by offloading; 30: their
 #: randomized runs perturb the best run so far (:class:`~.offload_list.RandomizedSearch`,
 #: one basin per W policy), on every placement within
-#: :data:`~.driver.RANDOMIZED_REACH` of the best, round-robin; 31: a basin that has not
+#: :data:`~.warm_starts.RANDOMIZED_REACH` of the best, round-robin; 31: a basin that has not
 #: improved for :attr:`~.offload_list.RandomizedSearch.STALL` runs restarts near its
 #: start, the best run kept apart; 32: an offload-aware list schedule sends a forward's
 #: activation to the host only when, behind the copies already queued, it can come

@@ -1250,7 +1250,7 @@ def _windows_from_hints(problem: Problem, ticks: Ticks, hints: Sequence[Hint], l
 def windows_from_the_start(problem: Problem) -> bool:
     """Does a chunked placement's run begin with the time windows, the full model
     neither built nor run first (past :data:`TIME_FULL_MAX_CELLS`)? The driver plans
-    such a run's time by it too (:func:`~.driver._expected_overrun`)."""
+    such a run's time by it too (:func:`~.spaces.expected_overrun`)."""
     return problem.stages * problem.microbatches > TIME_FULL_MAX_CELLS
 
 

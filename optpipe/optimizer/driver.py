@@ -12,33 +12,49 @@ V shape's extended schedules) -> the order model (no offload;
 fast, usually proves optimality) -> when offload is allowed and memory holds the
 schedule back, the tight offload model, hinted with the best so far -> verify ->
 provenance -> cache.
+
+This module holds that flow, the search over placements and the choice of the answer;
+its parts live beside it: :mod:`.candidates` (the schedules in hand: what fits, what
+is the bar to beat), :mod:`.spaces` (the placements searched and their bounds),
+:mod:`.warm_starts` (the optimizer's own starts and the time each gets) and
+:mod:`.progress` (the live line).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import math
-import sys
 import time
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from optpipe.errors import InfeasibleError, OptPipeError
 from optpipe.optimizer import cache as cache_mod
+from optpipe.optimizer.candidates import (bar_to_beat, budget_holds_back,
+                                          fitting_on, fused_is_faster, hint_pool,
+                                          memory_binds_hard)
 from optpipe.optimizer.gcpause import with_fewer_collections
 from optpipe.optimizer.prefix import (MAX_PIECE, PrefixCuts, ladder, prefix_cuts,
                                       truncated_hints)
-from optpipe.optimizer.preprocess import (Candidate, FixedSet, fixed_schedules,
-                                          infeasible_devices, lower_bound, memory_bound,
-                                          min_budgets, offload_area_bound,
-                                          offload_warmup_bound, task_graph)
+from optpipe.optimizer.preprocess import (Candidate, FixedSet, best_fitting,
+                                          fixed_schedules, infeasible_devices, min_budgets)
+from optpipe.optimizer.progress import (SearchProgress, progress_sink, search_heartbeat,
+                                        warm_start_heartbeat)
 from optpipe.optimizer.result import (ERROR, FEASIBLE, OPTIMAL, EngineResult, ProgressFn,
                                       relative_gap)
+from optpipe.optimizer.spaces import (Space, bound_with_offload, build_seconds,
+                                      fused_relaxed_bound, memory_lifts, placement_spaces)
+from optpipe.optimizer.warm_starts import (CHUNKED_EXTEND_SHARE, OFFLOAD_STARTS_SHARE,
+                                           OFFLOAD_STARTS_SHARE_SOFT, PERIODIC_SHARE,
+                                           add_chunked_extended, add_extended,
+                                           add_list_schedules, add_offloaded_starts,
+                                           add_periodic, add_previous, extend_share,
+                                           refine_offloaded)
 from optpipe.problem import Problem
 from optpipe.schedule import (Schedule, linear_placement, placement_name,
                               searched_placements)
 from optpipe.simulator import SimResult, simulate
-from optpipe.units import format_bytes, format_seconds
+from optpipe.units import format_bytes
 
 if TYPE_CHECKING:
     from optpipe.optimizer.offload_list import RandomizedSearch
@@ -60,91 +76,17 @@ ORDER_SHARE_WITH_OFFLOAD = 0.3
 OFFLOAD_MODEL_REACH = 0.15
 #: Share of the order-model time the most promising placement gets when others remain.
 FIRST_SPACE_SHARE = 0.7
-#: Starts within this share of the best count as equally promising: the lowest bound
-#: among them goes first (:func:`_room_first`).
-CLOSE_STARTS = 0.01
 #: When other placements are searched too, one stage per device goes first with this
 #: share and the full model only (no window search): a proof attempt. It usually closes
 #: in seconds at budgets >= S, and what it leaves flows on to the other placements.
 LINEAR_PROOF_SHARE = 0.4
-#: Expected first-run overrun of CP-SAT per stage x microbatch x chunk on a chunked
-#: placement (seconds; see :func:`_expected_overrun`).
-OVERRUN_PER_CHUNK_CELL = 0.001
-#: Share of the time limit for periodic blocks (:mod:`.periodic`), over all placements.
-PERIODIC_SHARE = 0.08
-#: ... and at most this many seconds per placement.
-PERIODIC_MAX_SECONDS = 3.0
-#: Periodic blocks are computed only when the budget costs the fixed schedules more
-#: than this share of makespan (see :func:`_add_periodic`).
-PERIODIC_MIN_LOSS = 0.05
 #: Share of one stage per device's first run that its prefix cuts (:mod:`.prefix`) may use.
 CUTS_SHARE = 0.25
 #: The same where pieces above MAX_PIECE are solved too (:func:`~.prefix.ladder`): at
 #: 8 x 64, S/2, 25% left ``reach[32]`` unproven (a bound 3.2 s under its value).
 LADDER_CUTS_SHARE = 0.4
-#: Share of the time before the extended schedules' largest source search that goes to
-#: that source's prefix cuts (:func:`~.extend.extended_schedules`), where the cuts pay.
-SOURCE_CUTS_SHARE = 0.4
 #: Fitting schedules whose first microbatches hint each piece of the prefix cuts.
 HINTS_PER_PIECE = 3
-#: Share of the time limit for extended schedules (:mod:`.extend`), when they are built.
-EXTEND_SHARE = 0.25
-#: ... and when their source (half the microbatches) has at least
-#: :data:`EXTEND_LARGE_SOURCE_CELLS` stage x microbatch cells. Why more there: such a
-#: source is not proven within a minute, so the time its search gets decides the
-#: extension, while the search on the full problem (twice as large) does not move from
-#: that hint (16 x 64 at S/2, one stage per device: 334.8 s with 0.25 in three runs,
-#: 323.2-323.7 s with 0.6 in three, 312.5 s with 0.8; with 0.75 312.5 s twice and 318.1 s
-#: in the benchmark's run). Smaller sources are found in seconds (8 x 32's optimum,
-#: though its proof takes 49-90 s), and there a larger share only takes time from the
-#: prefix cuts (8 x 64 with 0.6: the same 306.3 s, bound 296.9 s against 297.6 s).
-EXTEND_SHARE_LARGE = 0.75
-EXTEND_LARGE_SOURCE_CELLS = 512
-#: Share of the time limit for the V shape's extended schedules
-#: (:func:`_add_chunked_extended`), where memory binds but not hard; their source is
-#: searched with at most :data:`CHUNKED_EXTEND_MAX_SOURCE_CELLS` stage x microbatch
-#: cells. Why that limit (``python scripts/bench_extend.py``, table in
-#: docs/optimizer-log.md): at S the search on 8 x 32 (V shape, 256 cells) reaches 101.0 s
-#: in 30 s and extends to 197.0 s at 8 x 64; the one on 16 x 32 (512 cells)
-#: ends near 111 s, 15 s over the work, which extended to 16 x 64 is slower than the
-#: 203.8-204.6 s the search there reaches alone.
-CHUNKED_EXTEND_SHARE = 0.3
-CHUNKED_EXTEND_MAX_SOURCE_CELLS = 256
-#: Share of the time limit for offloaded list schedules (:mod:`.offload_starts`), when
-#: offload is allowed and the budget holds the schedule back (:func:`_add_offloaded_starts`)
-#: and binds hard (:func:`_memory_binds_hard`); where it does not bind hard
-#: :data:`OFFLOAD_STARTS_SHARE_SOFT`. Why less there: at budget S the plans either fit at
-#: once (8 x 16 and 16 x 32: the no-memory bound, in 0.2-1.3 s a try) or not at all
-#: (16 x 64: no factor on any placement, 14.5 s of the minute gone, 206.4 s against
-#: 204.3 s without offload); time the search leaves over comes back to them anyway
-#: (:func:`_refine_offloaded`).
-OFFLOAD_STARTS_SHARE = 0.2
-OFFLOAD_STARTS_SHARE_SOFT = 0.08
-#: The time the offload-aware list schedules (:mod:`.offload_list`) may take before the
-#: plans fitted by offloading, as a share of theirs (added to it); the first variant on
-#: every placement runs whatever the time. Why first: where the host link is slow next
-#: to compute they are far ahead (``--stages 8 --mem 40GB``: 4.05 s against the fitted
-#: plans' 5.21 s), and a variant costs 0.02-0.3 s up to 16 x 32, while where the link
-#: is fast the fitted plans can win and still run.
-OFFLOAD_LIST_SHARE = 0.5
-#: After the fitted plans, when an offloading schedule leads, the randomized runs
-#: (:func:`_add_randomized`) get this share of the offloaded starts' time again (search
-#: revision 30): where an engine keeps the rest of the minute, the time left over is
-#: too little (``--stages 16 --mem 40GB``: 3 s of runs, about 20, before).
-OFFLOAD_LIST_AFTER_SHARE = 0.5
-#: Time the search leaves over goes to the winning offloaded start's neighbours
-#: (:func:`_refine_offloaded`): CP-SAT's plans get this share of it, each at most
-#: :data:`REFINE_PLAN_SECONDS` (16 x 16 at S/2: optimal for the looser budget in 5-11 s),
-#: the finer factors the rest, then the plans not yet tried whatever is left.
-REFINE_PLAN_SHARE = 0.6
-#: Where an offload-aware list schedule (:mod:`.offload_list`) won, randomized runs
-#: (:func:`_add_randomized`) get this share of the time left first.
-REFINE_RANDOMIZED_SHARE = 0.5
-#: The randomized runs (:func:`_add_randomized`) go round the placements whose best
-#: offload-aware list schedule is within this share of the best one's, this long each.
-RANDOMIZED_REACH = 0.05
-RANDOMIZED_SLICE_SECONDS = 2.0
-REFINE_PLAN_SECONDS = 15.0
 DEFAULT_LEVELS = (1.0,)
 FALLBACK = "fallback"
 CACHED = "cached"
@@ -229,9 +171,9 @@ def solve(problem: Problem, *, solver: str = "auto", offload: bool | None = None
 
     everything = fixed_schedules(problem)
     fixed = _restrict(everything, problem, allowed)
-    use_offload = _resolve_offload(problem, offload, fixed, _best(
+    use_offload = _resolve_offload(problem, offload, fixed, best_fitting(
         [c for c in fixed.candidates if not c.schedule.offloads]), split_backward)
-    best_fixed = _bar(fixed, use_offload, split_backward)
+    best_fixed = bar_to_beat(fixed, use_offload, split_backward)
     key = cache_mod.cache_key(problem, solver=solver, split_backward=split_backward,
                               offload=use_offload, levels=levels, placements=allowed)
     if cache:
@@ -249,50 +191,50 @@ def solve(problem: Problem, *, solver: str = "auto", offload: bool | None = None
                                    _even_split_note(problem, hit.schedule)])),
                                fixed=_shown(everything, fixed))
 
-    reporter = _progress_sink(progress)
+    reporter = progress_sink(progress)
     # the live line while warm starts are built (at 16 x 64 they take 8 s or more):
     # between the phases here, and inside the extensions and the offloaded refinement
-    heartbeat = _heartbeat(reporter, t0, fixed, use_offload, split_backward)
+    heartbeat = warm_start_heartbeat(reporter, t0, fixed, use_offload, split_backward)
     tick = heartbeat or (lambda: None)
     # decided before the warm starts below join the candidates (they fit, and fast)
-    binds = _memory_binds_hard(fixed, use_offload, split_backward)
-    held_back = _held_back(fixed, _bar(fixed, True, split_backward))
+    binds = memory_binds_hard(fixed, use_offload, split_backward)
+    held_back = budget_holds_back(fixed, bar_to_beat(fixed, True, split_backward))
     # what the extended schedules' sources prove on fewer microbatches, for the cuts
     proven = PrefixCuts()
     # the offload-aware list schedules' randomized searches, per placement: kept from
     # the offloaded starts to the time the search leaves over
     searches: dict[str, RandomizedSearch] = {}
     tick()
-    _add_list_schedules(problem, fixed, split_backward, allowed)
+    add_list_schedules(problem, fixed, split_backward, allowed)
     if cache:
-        _add_previous(problem, fixed, key, split_backward, allowed)
+        add_previous(problem, fixed, key, split_backward, allowed)
     tick()
     if use_offload and held_back:
-        _add_offloaded_starts(problem, fixed, split_backward, allowed,
-                              time_limit * (OFFLOAD_STARTS_SHARE if binds
-                                            else OFFLOAD_STARTS_SHARE_SOFT), searches)
+        add_offloaded_starts(problem, fixed, split_backward, allowed,
+                             time_limit * (OFFLOAD_STARTS_SHARE if binds
+                                           else OFFLOAD_STARTS_SHARE_SOFT), searches)
         tick()
     if binds:
-        _add_periodic(problem, fixed, split_backward, use_offload,
-                      time_limit * PERIODIC_SHARE, threads, allowed)
+        add_periodic(problem, fixed, split_backward, use_offload,
+                     time_limit * PERIODIC_SHARE, threads, allowed)
         tick()
-        _add_extended(problem, fixed, split_backward, use_offload,
-                      time_limit * _extend_share(problem), threads, allowed,
-                      heartbeat,
-                      proven)
+        add_extended(problem, fixed, split_backward, use_offload,
+                     time_limit * extend_share(problem), threads, allowed,
+                     heartbeat,
+                     proven)
     elif solver in ("auto", "cpsat") and not (use_offload and _offload_model_built(problem)):
         # without an offload model the order models search as without offload, and the
         # extensions are their start as there
-        _add_chunked_extended(problem, fixed, split_backward,
-                              time_limit * CHUNKED_EXTEND_SHARE, threads, allowed,
-                              heartbeat)
-    best_fixed = _bar(fixed, use_offload, split_backward)
+        add_chunked_extended(problem, fixed, split_backward,
+                             time_limit * CHUNKED_EXTEND_SHARE, threads, allowed,
+                             heartbeat)
+    best_fixed = bar_to_beat(fixed, use_offload, split_backward)
     runs: list[EngineResult] = []
     engine = "cpsat" if solver == "auto" else solver
-    spaces = _spaces(problem, split_backward, fixed, engine, use_offload, allowed)
-    relaxed = _fused_relaxed_bound(problem, spaces) if split_backward else None
+    spaces = placement_spaces(problem, split_backward, fixed, engine, use_offload, allowed)
+    relaxed = fused_relaxed_bound(problem, spaces) if split_backward else None
     notes: list[str] = []
-    live = None if reporter is None else _SearchProgress(
+    live = None if reporter is None else SearchProgress(
         reporter, t0, spaces, best_fixed.makespan if best_fixed else None, use_offload,
         relaxed)
     try:
@@ -302,13 +244,13 @@ def solve(problem: Problem, *, solver: str = "auto", offload: bool | None = None
                               levels=levels, progress=live, notes=notes,
                               memory_binds=binds, proven=proven)
         if use_offload:
-            refined = _refine_offloaded(problem, fixed, runs, split_backward, allowed,
-                                        t0 + time_limit, threads, union_bound,
-                                        _search_beat(live, fixed, split_backward),
-                                        searches)
+            refined = refine_offloaded(problem, fixed, runs, split_backward, allowed,
+                                       t0 + time_limit, threads, union_bound,
+                                       search_heartbeat(live, fixed, split_backward),
+                                       searches)
             if refined:
                 notes.append(refined)
-            best_fixed = _bar(fixed, use_offload, split_backward)
+            best_fixed = bar_to_beat(fixed, use_offload, split_backward)
     finally:
         if reporter is not None and hasattr(reporter, "close"):
             reporter.close()
@@ -335,7 +277,6 @@ def solve(problem: Problem, *, solver: str = "auto", offload: bool | None = None
     return result
 
 
-# --------------------------------------------------------------------- checks
 def _check_budget(problem: Problem) -> None:
     bad = infeasible_devices(problem)
     if not bad:
@@ -404,532 +345,17 @@ def _shown(everything: FixedSet, fixed: FixedSet) -> list[Candidate]:
     return fixed.candidates + [c for c in everything.candidates if id(c) not in used]
 
 
-def _best(candidates: Sequence[Candidate]) -> Candidate | None:
-    fitting = [c for c in candidates if c.fits]
-    return min(fitting, key=lambda c: c.makespan) if fitting else None
-
-
-def _bar(fixed: FixedSet, use_offload: bool, split_backward: bool) -> Candidate | None:
-    """The bar to beat: the best fixed schedule the caller allows (no offloading ones if
-    offload is off; fused-backward ones only when B and W may not be split)."""
-    return _best([c for c in fixed.candidates
-                  if (use_offload or not c.schedule.offloads)
-                  and (split_backward or not c.schedule.splits_backward)])
-
-
-def _memory_binds_hard(fixed: FixedSet, use_offload: bool, split_backward: bool) -> bool:
-    """Is the best fitting fixed schedule more than :data:`PERIODIC_MIN_LOSS` slower
-    than the fastest one that does not fit? Then memory, not the pipeline's shape, sets
-    the pace, and the steady-state constructions (periodic blocks, extensions) pay."""
-    unfit = [c for c in fixed.candidates if not c.fits and not c.schedule.offloads]
-    bar = _bar(fixed, use_offload, split_backward)     # offloaders count only if allowed
-    return bool(unfit) and (bar is None or bar.makespan >
-                            min(c.makespan for c in unfit) * (1 + PERIODIC_MIN_LOSS))
-
-
-def _add_list_schedules(problem: Problem, fixed: FixedSet, split_backward: bool,
-                        allowed: tuple[str, ...] | None = None) -> None:
-    """Add the fitting list schedules (:mod:`.listsched`) of the chunked placements.
-
-    Why: at every budget they are cheap (about 2.5 s for both chunked placements at
-    16 x 64, simulation included) and on the chunked placements often far better than
-    any fixed schedule, which the engines' minute at 16 stages cannot make up (the
-    16-stage preset: 1.820 s on the V shape against zb-auto's 1.944 s, which the search
-    had returned). Added after the
-    periodic blocks' trigger is decided (:func:`_memory_binds_hard` compares fixed
-    schedules only). Not on one stage per device: the fixed schedules hold memory-aware
-    greedy list schedules there already (``preprocess.greedy_schedule``), and these
-    were never faster than the best fixed schedule there
-    (``scripts/bench_listsched.py``), only one more set of hints to sort. With split
-    backwards, ZB-V's greedy holding back only part of each microbatch's later-chunk
-    bytes (:func:`~.listsched.admission_schedules`; about 0.7 s per placement at 16 x 32).
-    """
-    from optpipe.optimizer.listsched import warm_starts
-
-    for label, place, split in _shapes(problem, split_backward, allowed):
-        if place == linear_placement(problem.devices):
-            continue
-        _add_fitting(problem, fixed, warm_starts(problem, place, split), label)
-
-
-def _add_previous(problem: Problem, fixed: FixedSet, key: str, split_backward: bool,
-                  allowed: tuple[str, ...] | None) -> None:
-    """Add the cached answer that :func:`~.cache.lookup` did not accept (an older
-    search's, or one with less time, not proven) as a warm start named ``cached``.
-
-    Why: solving again should never return slower than the schedule it replaces; the
-    search starts from it on its placement, and the driver's never-worse rule returns
-    it when nothing beats it. Added with the other warm starts, after the decisions
-    taken on the fixed schedules alone (whether memory binds hard, whether offloading
-    can help).
-    """
-    hit = cache_mod.previous(problem, key)
-    if hit is None or (not split_backward and hit.schedule.splits_backward):
-        return
-    label = placement_name(hit.schedule.placement, problem.devices)
-    if allowed is not None and label not in allowed:
-        return
-    schedule = replace(hit.schedule, name="cached", provenance={
-        **hit.schedule.provenance, "source": "optimizer", "name": "cached",
-        "cached_from": str(hit.path), "placement": label})
-    fixed.candidates.append(Candidate("cached", schedule, hit.result))
-
-
-def _add_fitting(problem: Problem, fixed: FixedSet, schedules: Sequence[Schedule],
-                 label: str) -> None:
-    """Simulate the optimizer's own ``schedules`` on ``label``'s placement and add
-    those that fit to the candidates (each stamped with its placement)."""
-    for schedule in schedules:
-        result = simulate(problem, schedule)
-        if result.fits:
-            schedule.provenance["placement"] = label
-            fixed.candidates.append(Candidate(schedule.name, schedule, result))
-
-
-def _add_offloaded_starts(problem: Problem, fixed: FixedSet, split_backward: bool,
-                          allowed: tuple[str, ...] | None, seconds: float,
-                          searches: dict[str, RandomizedSearch]) -> None:
-    """Add the fitting offloaded list schedules (:mod:`.offload_starts`) of every placement.
-
-    Why: with offload allowed no engine searches the chunked placements, and the tight
-    offload model on one stage per device found nothing faster than pipeoffload within
-    the minute from 4 x 16 on (S/2 on the benchmark); these plans for a looser budget, fitted by offloading, beat pipeoffload
-    on the benchmark at S/2 (docs/optimizer.md, "Offloaded list schedules"). Only when
-    some schedule without offload is faster but does not fit (otherwise offloading
-    cannot help); the caller decides that on the fixed schedules, before its own warm
-    starts join them (since search revision 16: the admission schedules at budget S
-    start ahead of every fixed schedule that does not fit, 54.9 s against ZB-H2's 55.4 s
-    at 8 x 16, and deciding after them dropped these starts where they are the answer:
-    8 x 16 with offload went from 51.85 s, proven, to 52.55 s, and 16 x 32 from 104.25 s
-    to 108.95 s, in the table's run). The chunked placements first, factor by factor
-    (they gave every fastest one; interleaved chunks before the V shape), one stage
-    per device last, until ``seconds`` have passed.
-
-    Before them (search revision 29) the offload-aware list schedules
-    (:mod:`.offload_list`), which decide the transfers as they are built: the first
-    variant on every placement whatever the time, the others and then randomized runs
-    (:func:`_add_randomized`) within :data:`OFFLOAD_LIST_SHARE` of ``seconds`` (on top
-    of it: the fitted plans keep their own ``seconds``; a variant costs 0.02-0.3 s up
-    to 16 x 32). Randomized runs here too, not only with the time the search leaves
-    over: at ``--stages 4 --mem 80GB`` the V shape's order model keeps the whole
-    minute (and the library's 180 s) without beating the offloaded start, 7.249 s.
-    """
-    from optpipe.optimizer.offload_list import VARIANTS, offload_list_schedules
-    from optpipe.optimizer.offload_starts import FACTORS, offloaded_list_schedules
-
-    linear = linear_placement(problem.devices)
-    shapes = _shapes(problem, split_backward, allowed)
-    # the offload-aware list schedules first (chunked placements first): the first
-    # variant on each placement, then the others while OFFLOAD_LIST_SHARE of the time lasts
-    until = time.monotonic() + seconds * OFFLOAD_LIST_SHARE
-    ordered = sorted(shapes, key=lambda s: (s[1] == linear, s[0] != "interleaved"))
-    for variants, by in ((VARIANTS[:1], None), (VARIANTS[1:], until)):
-        for label, place, split in ordered:
-            _add_fitting(problem, fixed, offload_list_schedules(
-                problem, place, split, variants=variants, deadline=by), label)
-    # what is left of that share: randomized runs, here rather than only with time the
-    # search leaves over, which an engine may keep
-    _add_randomized(problem, fixed, until, searches)
-    tries = sorted(((factor, shape) for factor in FACTORS for shape in shapes),
-                   key=lambda t: (t[1][1] == linear, FACTORS.index(t[0]),
-                                  t[1][0] != "interleaved"))
-    deadline = time.monotonic() + seconds
-    for factor, (label, place, split) in tries:
-        if time.monotonic() > deadline:
-            break
-        _add_fitting(problem, fixed, offloaded_list_schedules(
-            problem, place, split, factor, deadline=deadline,
-            bar=_bar_makespan(fixed, split_backward)), label)
-    # an offloading schedule leads: the randomized runs again (the fitted plans may have
-    # overtaken the offload-aware ones, which the runs can take back)
-    best = _bar(fixed, True, split_backward)
-    if best is not None and best.schedule.offloads:
-        _add_randomized(problem, fixed,
-                        time.monotonic() + seconds * OFFLOAD_LIST_AFTER_SHARE, searches)
-
-
-def _best_listed(fixed: FixedSet, label: str | None = None) -> Candidate | None:
-    """The fastest offload-aware list schedule (:mod:`.offload_list`) in hand (on
-    ``label``'s placement when given)."""
-    return _best([c for c in fixed.candidates if "offload_list" in c.schedule.provenance
-                  and (label is None or c.schedule.provenance["placement"] == label)])
-
-
-def _add_randomized(problem: Problem, fixed: FixedSet, deadline: float,
-                    searches: dict[str, RandomizedSearch],
-                    bound: float | None = None) -> int:
-    """Randomized runs of the offload-aware list schedules' greedy
-    (:class:`.offload_list.RandomizedSearch`) until ``deadline``, round-robin in slices
-    of :data:`RANDOMIZED_SLICE_SECONDS` over every placement whose best such schedule
-    is within :data:`RANDOMIZED_REACH` of the best one's; each placement's search is
-    kept in ``searches`` (by label) from call to call, and what it finds joins
-    ``fixed`` (a placement's best is also its warm start); they stop early once one
-    meets ``bound``. Returns how many runs were made (0 when there is no such
-    schedule).
-
-    Why every placement, not only the best one's: the greedy's first variants do not
-    rank the placements as the randomized runs do (``python
-    scripts/bench_offload_list.py --detail``: on the benchmark's 8 x 16 at S/2 the
-    interleaved chunks start 52.5 s against the V shape's 53.1 s, and reach 51.9 s in
-    20 s where the V shape reaches 51.85 s, the optimum; 8 x 32 likewise, 99.9 s
-    against 99.85 s, the bound)."""
-    from optpipe.optimizer.offload_list import RandomizedSearch
-
-    leader = _best_listed(fixed)
-    if leader is None or time.monotonic() >= deadline:
-        return 0
-    bests: dict[str, Candidate] = {}          # each placement's best, in one pass
-    for c in fixed.candidates:
-        label = c.schedule.provenance.get("placement")
-        if c.fits and "offload_list" in c.schedule.provenance and (
-                label not in bests or c.makespan < bests[label].makespan):
-            bests[label] = c
-    labels = sorted((label for label, best in bests.items()
-                     if best.makespan <= leader.makespan * (1 + RANDOMIZED_REACH)),
-                    key=lambda label: bests[label].makespan)
-    for label in labels:
-        own = bests[label]
-        if label not in searches or own.makespan < searches[label].makespan * (1 - 1e-9):
-            searches[label] = RandomizedSearch(
-                problem, own.schedule.placement, own.schedule.splits_backward,
-                own.schedule.provenance["offload_list"], own.makespan,
-                seed=len(searches))
-    before = sum(searches[label].runs for label in labels)
-
-    def done() -> bool:
-        return time.monotonic() >= deadline or (bound is not None and min(
-            searches[label].makespan for label in labels) <= bound * (1 + 1e-9))
-
-    while not done():
-        for label in labels:
-            if done():
-                break
-            now = time.monotonic()
-            found = searches[label].run(min(deadline, now + RANDOMIZED_SLICE_SECONDS))
-            _add_fitting(problem, fixed, [found] if found else [], label)
-    return sum(searches[label].runs for label in labels) - before
-
-
-def _bar_makespan(fixed: FixedSet, split_backward: bool) -> float | None:
-    """The makespan of the best fitting schedule in hand, offloading ones included."""
-    best = _bar(fixed, True, split_backward)
-    return None if best is None else best.makespan
-
-
-def _refine_offloaded(problem: Problem, fixed: FixedSet, runs: list[EngineResult],
-                      split_backward: bool, allowed: tuple[str, ...] | None,
-                      deadline: float, threads: int, bound: float | None,
-                      heartbeat: Callable[[], None] | None,
-                      searches: dict[str, RandomizedSearch]) -> str | None:
-    """Spend the time the search left over on offloaded starts near the one that won:
-    CP-SAT's plans for looser budgets (:data:`~.offload_starts.SEARCHED_FACTORS`) on the
-    chunked placements (the winner's placement first), then list plans for the finer
-    factors on the winner's placement.
-
-    Why: at S/2 with offload the offloaded list schedules are ahead of every engine's
-    reach, so the search ended after 6-24 s of the minute (search revision 11), and the
-    searched plans are often better (``scripts/bench_offload_starts.py``, 5 s each: 4 x 8
-    on the V shape 25.65 s, the no-memory bound, against 26.8 s; 16 x 16 interleaved
-    58.05 s against 59.8 s, 57.8 s given the driver's 15 s), though not at every factor (8 x 32: 103.6 s at 2.25 against
-    the list plans' 102.4 s, 101.9 s at 2). On the benchmark at S/2 this took 8 x 16
-    from 53.2 s to 51.95 s and proved 4 x 8 (docs/optimizer-log.md, search revision 12).
-    CP-SAT's plans get :data:`REFINE_PLAN_SHARE` of the time left, each run at most
-    :data:`REFINE_PLAN_SECONDS`; once every factor and placement has had CP-SAT's default
-    seed, the others of :data:`~.offload_starts.PLAN_SEEDS` (a plan's fit depends on
-    which optimal order the seed picks: 4 x 8 at S/2, 26.0 s with the default alone,
-    25.65 s, proven, with seed 0). Since search revision 29, randomized runs of the
-    offload-aware list schedules' greedy (:func:`_add_randomized`, until one meets
-    ``bound``) get :data:`REFINE_RANDOMIZED_SHARE` of the time first (revision 29's,
-    20 s each, ``python
-    scripts/bench_offload_list.py --detail``: 4.05 -> 3.912 s at ``--stages 8 --mem
-    40GB``, 7.249 -> 7.122 s at ``--stages 4 --mem 80GB``). Only when
-    the answer would be an offloading schedule (pipeoffload's too, since revision 29;
-    no engine run beat it), until one meets ``bound``. Returns what it did, for the
-    result's message (the time is otherwise unaccounted for: no engine's run shows it),
-    or None when it did not run.
-    """
-    from optpipe.optimizer.offload_starts import (FINER_FACTORS, PLAN_SEEDS,
-                                                  SEARCHED_FACTORS,
-                                                  offloaded_list_schedules,
-                                                  offloaded_searched_plan)
-
-    best = _bar(fixed, True, split_backward)
-    if best is None or not best.schedule.offloads or any(
-            r.objective is not None and r.objective < best.makespan * (1 - 1e-9)
-            for r in runs):
-        return None
-    began, before = time.monotonic(), best.makespan
-    listed = _best_listed(fixed)
-    won = best.schedule.provenance.get("placement") or (
-        listed.schedule.provenance["placement"] if listed else None)
-    linear = linear_placement(problem.devices)
-    shapes = sorted(_shapes(problem, split_backward, allowed), key=lambda s: s[0] != won)
-    plans = [(seed, factor, shape) for seed in PLAN_SEEDS for factor in SEARCHED_FACTORS
-             for shape in shapes if shape[1] != linear]
-    planned = len(plans)
-    finer_tried = 0
-
-    def proven() -> bool:
-        now = _bar_makespan(fixed, split_backward)
-        return bound is not None and now is not None and now <= bound * (1 + 1e-9)
-
-    def search_plans(until: float) -> None:
-        while plans and not proven():
-            seed, factor, (label, place, split) = plans[0]
-            limit = min(until - time.monotonic(), REFINE_PLAN_SECONDS) \
-                - _expected_overrun(problem, place, "cpsat")
-            if limit < max(1.0, _build_seconds(problem)):
-                return
-            plans.pop(0)
-            _add_fitting(problem, fixed, offloaded_searched_plan(
-                problem, place, split, factor, time_limit=limit, threads=threads,
-                bar=_bar_makespan(fixed, split_backward), seed=seed), label)
-            if heartbeat:
-                heartbeat()
-
-    label, place, split = shapes[0]                  # the winner's placement
-    # randomized runs of the offload-aware list schedules first (every close placement)
-    randomized_runs = 0 if listed is None else _add_randomized(
-        problem, fixed, time.monotonic() + (deadline - time.monotonic())
-        * REFINE_RANDOMIZED_SHARE, searches, bound)
-    search_plans(time.monotonic() + (deadline - time.monotonic()) * REFINE_PLAN_SHARE)
-    for finer in FINER_FACTORS:
-        if time.monotonic() > deadline or proven():
-            break
-        finer_tried += 1
-        _add_fitting(problem, fixed, offloaded_list_schedules(
-            problem, place, split, finer, deadline=deadline,
-            bar=_bar_makespan(fixed, split_backward)), label)
-        if heartbeat:
-            heartbeat()
-    search_plans(deadline)           # what the finer factors left: the plans not tried
-    after = _bar_makespan(fixed, split_backward)
-    found = (f"{format_seconds(before)} -> {format_seconds(after)}"
-             if after is not None and after < before * (1 - 1e-9) else "nothing faster")
-    randomized_note = (f"{randomized_runs} randomized offload-aware list schedules, "
-                       if randomized_runs else "")
-    return (f"then {time.monotonic() - began:.0f} s on offloaded plans ({randomized_note}"
-            f"{planned - len(plans)} of CP-SAT's for looser budgets, {finer_tried} finer "
-            f"list-plan factors): {found}")
-
-
-def _add_periodic(problem: Problem, fixed: FixedSet, split_backward: bool,
-                  use_offload: bool, seconds: float, threads: int,
-                  allowed: tuple[str, ...] | None = None) -> None:
-    """Add periodic schedules (:mod:`.periodic`) on every placement to ``fixed``.
-
-    Why: when memory binds they are often far better than any fixed schedule (a V-shaped
-    block at half of 1F1B's memory), and the engines start from the best schedule on
-    each placement, so a better start is a better answer in the same time. Called only
-    when memory binds hard (:func:`_memory_binds_hard`): measured at budget S (1F1B's
-    memory) the blocks never beat the fixed schedules, and their time is better spent
-    searching.
-    """
-    from optpipe.optimizer.periodic import periodic_schedules
-
-    # fused backwards too when they are faster: the engines search those spaces as well
-    runs = [(label.replace("/", "-"), place, split)
-            for label, place, split in _shapes(problem, split_backward, allowed)]
-    t0 = time.monotonic()
-    for i, (label, place, split) in enumerate(runs):
-        left = seconds - (time.monotonic() - t0)
-        if left <= 0.1:
-            break
-        try:
-            found = periodic_schedules(problem, place, split,
-                                       time_limit=min(PERIODIC_MAX_SECONDS,
-                                                      left / (len(runs) - i)),
-                                       threads=threads, label=f"periodic-{label}")
-        except OptPipeError as exc:
-            fixed.skipped[f"periodic-{label}"] = str(exc)
-            continue
-        for schedule in found:
-            result = simulate(problem, schedule)
-            if result.fits:     # guaranteed by construction; the simulator has the word
-                fixed.candidates.append(Candidate(schedule.name, schedule, result))
-            else:  # pragma: no cover - a bug in the block's memory bound
-                fixed.skipped[schedule.name] = "over budget in the simulator"
-
-
-def _add_extended(problem: Problem, fixed: FixedSet, split_backward: bool,
-                  use_offload: bool, seconds: float, threads: int,
-                  allowed: tuple[str, ...] | None,
-                  heartbeat: Callable[[], None] | None = None,
-                  proven: PrefixCuts | None = None) -> None:
-    """Add schedules extended from a search on half the microbatches (:mod:`.extend`).
-
-    Why: with one stage per device and memory binding, the best schedules run groups of
-    several microbatches, which neither the fixed nor the periodic schedules express,
-    and which the search on many microbatches does not find in its time; a small
-    problem's optimum holds the pattern (8 x 16 at S/2: proven in 2 s). Built for one
-    stage per device only when memory binds hard (as the periodic blocks), from
-    ``2 * MIN_SOURCE_MICROBATCHES`` microbatches on, and only while that placement's
-    memory bound leaves it a chance to win. Not for the chunked placements: there,
-    measured at 8 x 64 and 16 x 64, S/2, extensions of a 15 s search were 14-33 %
-    slower than the periodic V blocks, which already are their steady state.
-    What the searches on fewer microbatches prove goes into ``proven``, for the prefix
-    cuts (:func:`_search`); where those cuts pay (without offload, memory above the
-    no-memory bound) and the source is small enough to be proven in the time, the small
-    pieces are solved before the largest source's search and go into its model
-    (:data:`SOURCE_CUTS_SHARE`).
-    """
-    from optpipe.optimizer.extend import MIN_SOURCE_MICROBATCHES, extended_schedules
-
-    if problem.microbatches < 2 * MIN_SOURCE_MICROBATCHES or \
-            (allowed is not None and "linear" not in allowed):
-        return
-    place = linear_placement(problem.devices)
-    incumbent = _bar(fixed, use_offload, split_backward)
-    graph = task_graph(problem, split_backward)
-    free = lower_bound(graph)
-    held = memory_bound(graph, free)
-    if incumbent is not None and held >= incumbent.makespan * (1 - 1e-9):
-        return                                   # one stage per device cannot win
-    # a large source (16 x 32) is searched best with its windows and not proven in the
-    # time anyway: its pieces (8.7 s at 16 stages) would only take from its search
-    # (16 x 64 at S/2: the source reached 165.7 s with them, 161.7 s without; by hand)
-    cuts_pay = _memory_lifts(held, free, use_offload) and not _large_source(problem)
-
-    def hints(half: Problem) -> list[Schedule]:
-        on = [c for c in fixed_schedules(half).candidates
-              if c.fits and list(c.schedule.placement) == place and not c.schedule.offloads]
-        return [c.schedule for c in sorted(on, key=lambda c: c.makespan)]
-
-    for schedule, result in extended_schedules(problem, place, split_backward,
-                                               time_limit=seconds, threads=threads,
-                                               label="extended-linear", hints=hints,
-                                               heartbeat=heartbeat, proven=proven,
-                                               cuts_share=SOURCE_CUTS_SHARE if cuts_pay
-                                               else 0.0):
-        fixed.candidates.append(Candidate(schedule.name, schedule, result))
-
-
-def _add_chunked_extended(problem: Problem, fixed: FixedSet, split_backward: bool,
-                          seconds: float, threads: int, allowed: tuple[str, ...] | None,
-                          heartbeat: Callable[[], None] | None = None) -> None:
-    """Add schedules of the V shape, when searched first among the chunked placements,
-    extended from a search on half the microbatches (:mod:`.extend`), where memory
-    binds but not hard.
-
-    Why: at budget S the optimum on the V shape keeps its warm-up and cool-down as the
-    microbatches double and only its steady state grows (8 x 32: 100.55 s, 4.55 s over
-    the work; 8 x 64's bound 196.55 s, the same 4.55 s), yet the search on 64
-    microbatches does not find that steady state within its minute (8 x 64: 197.55 s
-    in three runs of search revision 14) while a search on 32 gets within 0.5% of its
-    optimum in 30 s (101.05 s; extended to 64: 197.05 s, by hand). So the half is
-    searched on the V shape and its steady state repeated; the result is a warm start
-    like any fixed schedule. Only where it pays, as measured at S (see
-    :data:`CHUNKED_EXTEND_MAX_SOURCE_CELLS`):
-
-    * on the V shape, when the search takes it first: CP-SAT's schedules on interleaved
-      chunks hold no window to repeat (none of the 134 group sizes and starts at 8 x 64
-      of the 8-stage preset at 64 GB, where the search lost 17 s to it; none at the
-      benchmark's 8 x 64 at S);
-    * the half has at least twice ``MIN_SOURCE_MICROBATCHES`` microbatches (a
-      16-microbatch half searched for 15 s ended 4% above its optimum at 8 x 16, and
-      nothing extended from it fitted) and is small enough to be searched well;
-    * the V shape's best start is above its bound (at 2S the fixed schedules are
-      optimal already).
-
-    Where memory binds hard the periodic V blocks are the better start
-    (:func:`_add_extended`). With offload allowed, only beyond ``OFFLOAD_MAX_CELLS``
-    (the caller's rule), where no offload model takes the time: 8 x 64 at S with
-    offload, 196.7 s (gap 0.43% to the no-memory bound) against 197.55 s without them.
-    """
-    from optpipe.optimizer.extend import MIN_SOURCE_MICROBATCHES, extended_schedules
-
-    source_microbatches = problem.microbatches // 2
-    if source_microbatches < 2 * MIN_SOURCE_MICROBATCHES or \
-            problem.stages * source_microbatches > CHUNKED_EXTEND_MAX_SOURCE_CELLS:
-        return
-    linear = linear_placement(problem.devices)
-    chunked = [sp for sp in _spaces(problem, split_backward, fixed, "cpsat", False, allowed)
-               if sp.placement != linear and sp.hinted]
-    if not chunked or chunked[0].best_fixed <= chunked[0].bound * (1 + 1e-9) or \
-            chunked[0].label.split("/")[0] != "v":
-        return
-    space = chunked[0]
-    hints = chunked_source_hints(space.label, space.placement, space.split,
-                                 _fused_faster(problem))
-    for schedule, result in extended_schedules(problem, space.placement, space.split,
-                                               time_limit=seconds, threads=threads,
-                                               label=f"extended-{space.label}",
-                                               hints=hints, heartbeat=heartbeat,
-                                               recurse=False):
-        schedule.provenance["placement"] = space.label
-        fixed.candidates.append(Candidate(schedule.name, schedule, result))
-
-
-def chunked_source_hints(label: str, place: list[int], split: bool, fused_faster: bool
-                         ) -> Callable[[Problem], list[Schedule]]:
-    """The hints a chunked placement's extensions start their source from: for a
-    problem with fewer microbatches, its fitting fixed, list and admission schedules on
-    ``place``, fastest first (what the search on the full problem starts from too).
-    Public for ``scripts/bench_extend.py``, which measures the same sources."""
-    from optpipe.optimizer.listsched import warm_starts
-
-    def hints(half: Problem) -> list[Schedule]:
-        half_fixed = fixed_schedules(half)
-        _add_fitting(half, half_fixed, warm_starts(half, place, split), label)
-        return [c.schedule for c in _fitting_on(half_fixed, place, split, fused_faster,
-                                                 False)]
-    return hints
-
-
 def _offload_model_built(problem: Problem) -> bool:
     """Is the problem small enough for the offload model (:data:`OFFLOAD_MAX_CELLS`)?
     One rule for the search, its notes, and the extensions that run where it is not."""
     return problem.stages * problem.microbatches <= OFFLOAD_MAX_CELLS
 
 
-def _extend_share(problem: Problem) -> float:
-    """The share of the time limit the extended schedules get (see
-    :data:`EXTEND_SHARE_LARGE`)."""
-    return EXTEND_SHARE_LARGE if _large_source(problem) else EXTEND_SHARE
-
-
-def _large_source(problem: Problem) -> bool:
-    """Is the extended schedules' source (half the microbatches) too large to be proven
-    in the time (:data:`EXTEND_LARGE_SOURCE_CELLS`)? One rule for their share and for
-    whether its pieces are solved first (:func:`_add_extended`)."""
-    return problem.stages * (problem.microbatches // 2) >= EXTEND_LARGE_SOURCE_CELLS
-
-
-def _heartbeat(reporter: ProgressFn | None, t0: float, fixed: FixedSet, use_offload: bool,
-               split_backward: bool) -> Callable[[], None] | None:
-    """Keeps the live line ticking while warm starts are built (incumbent: the best
-    fitting schedule in hand; no bound yet)."""
-    if reporter is None:
-        return None
-
-    def beat() -> None:
-        best = _bar(fixed, use_offload, split_backward)
-        reporter(time.monotonic() - t0, best.makespan if best else None, None, None)
-    return beat
-
-
-def _search_beat(live: "_SearchProgress | None", fixed: FixedSet, split_backward: bool
-                 ) -> Callable[[], None] | None:
-    """Keeps the live line ticking after the search (the offloaded plans that use the
-    time it left): the search's bound stays on the line, the incumbent is the best
-    fitting schedule in hand (:func:`_heartbeat` is for before the search, with no
-    bound yet)."""
-    if live is None:
-        return None
-
-    def beat() -> None:
-        best = _bar(fixed, True, split_backward)
-        if best is not None:
-            live.best = best.makespan if live.best is None else min(live.best, best.makespan)
-        live.emit()
-    return beat
-
-
 def _resolve_offload(problem: Problem, offload: bool | None, fixed: FixedSet,
                      best_fixed: Candidate | None, split_backward: bool = True) -> bool:
     """Auto: offload when a faster fixed schedule exists that does not fit the budget;
     beyond :data:`OFFLOAD_AUTO_MAX_CELLS` only when memory binds hard
-    (:func:`_memory_binds_hard`).
+    (:func:`memory_binds_hard`).
 
     Why the two rules: up to that size the offload model (a circuit per device) is built
     and may take 70% of the minute from the order models (where its start is within
@@ -944,188 +370,17 @@ def _resolve_offload(problem: Problem, offload: bool | None, fixed: FixedSet,
     """
     if offload is not None:
         return offload
-    held_back = _held_back(fixed, best_fixed)
+    held_back = budget_holds_back(fixed, best_fixed)
     if problem.stages * problem.microbatches <= OFFLOAD_AUTO_MAX_CELLS:
         return held_back
-    return held_back and _memory_binds_hard(fixed, False, split_backward)
+    return held_back and memory_binds_hard(fixed, False, split_backward)
 
 
-def _held_back(fixed: FixedSet, bar: Candidate | None) -> bool:
-    """Does the budget hold the schedule back: is some schedule without offload faster
-    than ``bar`` (the best that fits) but over budget? (Nothing fits: yes.)"""
-    return bar is None or any(not c.fits and not c.schedule.offloads
-                              and c.makespan < bar.makespan * (1 - 1e-9)
-                              for c in fixed.candidates)
-
-
-def _fused_faster(problem: Problem) -> bool:
-    """Is a measured fused backward shorter than B + W on some stage, of the base
-    problem or of a measured chunked cut (:class:`~optpipe.problem.ChunkProfile`)?"""
-    figures = [(problem.backward_fused, problem.backward_input, problem.backward_weight)]
-    figures += [(c.backward_fused, c.backward_input, c.backward_weight)
-                for c in problem.chunk_profiles]
-    return any(fused is not None and any(f < b + w - 1e-12 for f, b, w in zip(fused, b_in, b_w))
-               for fused, b_in, b_w in figures)
-
-
-def _relax_fused(b_in: Sequence[float], b_w: Sequence[float],
-                 fused: Sequence[float] | None) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """B and W shortened so that a fused BW maps onto a B', W' pair no longer than it."""
-    b_in, b_w = list(b_in), list(b_w)
-    for s, bw in enumerate(fused or ()):
-        if bw < b_in[s] + b_w[s]:
-            b_in[s] = min(b_in[s], bw)
-            b_w[s] = max(0.0, bw - b_in[s])
-    return tuple(b_in), tuple(b_w)
-
-
-def _in_space(schedule: Schedule, split: bool, fused_faster: bool) -> bool:
-    """Is ``schedule`` one the engines model with split (B, W) or fused (BW) backwards?
-
-    A fused BW is the same as B then W at once unless the fused time is shorter, so
-    fused schedules belong to the split space too exactly when it is not.
-    """
-    if split:
-        return schedule.splits_backward or not fused_faster
-    return not schedule.splits_backward
-
-
-def _fitting_on(fixed: FixedSet, place: list[int], split: bool, fused_faster: bool,
-                use_offload: bool) -> list[Candidate]:
-    """Fitting schedules on placement ``place`` that the engines' space (split or fused,
-    :func:`_in_space`) contains, offloading ones only if ``use_offload``; fastest first."""
-    on = [c for c in fixed.candidates if c.fits and list(c.schedule.placement) == place
-          and (use_offload or not c.schedule.offloads)
-          and _in_space(c.schedule, split, fused_faster)]
-    return sorted(on, key=lambda c: c.makespan)
-
-
-def _hint_pool(fixed: FixedSet, split_backward: bool) -> list[Schedule]:
-    """Fitting fixed schedules, fastest first (each engine run keeps its placement's)."""
-    pool = [c for c in fixed.candidates if c.fits
-            and (split_backward or not c.schedule.splits_backward)]
-    pool.sort(key=lambda c: c.makespan)
-    return [c.schedule for c in pool]
-
-
-# ------------------------------------------------------------------- search
-@dataclass
-class _Space:
-    """One placement searched: its stage -> device list and what is proven about it."""
-
-    label: str
-    placement: list[int]
-    bound: float            # proven lower bound for schedules on this placement
-    best_fixed: float       # best fitting start on it without offload (inf if none)
-    split: bool = True      # backwards modelled as B and W (else fused BW)
-    overrun: float = 0.0    # seconds a run on it may go past its limit (expected or seen)
-    free_bound: float = 0.0  # its no-memory bound (what decides a proof attempt)
-    # its memory bound without offload: what ranks placements with equal starts for the
-    # order models (:func:`_room_first`), with offload allowed too, where ``bound`` is
-    # the no-memory bound of every placement and would rank none ahead
-    order_bound: float = 0.0
-    # what holds with offload: the largest of its no-memory bound, the kept bytes' area
-    # over its room (:func:`~.preprocess.offload_area_bound`) and the warm-up's with the
-    # host link (:func:`~.preprocess.offload_warmup_bound`)
-    offload_bound: float = 0.0
-
-    @property
-    def hinted(self) -> bool:
-        """A fitting schedule without offload exists here to start a search from."""
-        return math.isfinite(self.best_fixed)
-
-    @property
-    def search_bound(self) -> float:
-        """The least makespan the order model can reach here (its proven bound, or its
-        memory bound where ``bound`` is the no-memory bound because offload is allowed):
-        what decides whether searching it can still beat the incumbent."""
-        return max(self.bound, self.order_bound)
-
-
-def _shapes(problem: Problem, split_backward: bool, allowed: tuple[str, ...] | None = None
-            ) -> list[tuple[str, list[int], bool]]:
-    """Placements searched, as (label, stage -> device, split backward): one stage per
-    device, the V shape and interleaved 2 chunks (those ``allowed``, default all); each
-    again with fused backwards (``.../fused``) when a measured fused backward is faster
-    than B + W."""
-    options = list(searched_placements(problem.devices).items())
-    if allowed is not None:
-        options = [(label, place) for label, place in options if label in allowed]
-    modes = [(split_backward, "")] + ([(False, "/fused")] if split_backward
-                                      and _fused_faster(problem) else [])
-    return [(label + suffix, place, split) for split, suffix in modes
-            for label, place in options]
-
-
-def _spaces(problem: Problem, split_backward: bool, fixed: FixedSet,
-            engine: str, use_offload: bool = False,
-            allowed: tuple[str, ...] | None = None) -> list[_Space]:
-    """Placements worth searching, most promising first.
-
-    One stage per device always; also the V shape and interleaved 2 chunks (what ZB-V,
-    zb-auto and interleaved 1F1B use) when some fixed schedule on them fits: one that
-    does without offload is the hint a search there needs (``hinted``); one that
-    offloads (pipeoffload on ZB-V) may be returned, so the placement's bound counts.
-    Each starts with its no-memory lower bound; only CP-SAT searches the chunked ones
-    (the MILP models one stage per device), but their bounds always count, because a
-    fixed schedule on them may be returned.
-
-    When a measured fused backward is faster than B + W, each placement is also searched
-    with fused backwards (label ``.../fused``): the split model cannot express the
-    saving, and fused schedules (1F1B-like) may then be the fastest.
-
-    Without offload, each placement starts from its memory round-trip bound
-    (:func:`~.preprocess.memory_bound`), which at tight budgets is above its no-memory
-    bound (far above for one stage per device).
-    """
-    faster = _fused_faster(problem)
-    out = []
-    for label, place, split in _shapes(problem, split_backward, allowed):
-        on = _fitting_on(fixed, place, split, faster, use_offload)
-        if place != linear_placement(problem.devices) and not on:
-            continue
-        graph = task_graph(problem, split, place)
-        free = lower_bound(graph)
-        held = memory_bound(graph, free)
-        with_offload = max(free, offload_area_bound(graph), offload_warmup_bound(graph)) \
-            if use_offload else free
-        # the start an order-model search has here: offloading schedules count for the
-        # incumbent, but no order model can start from one
-        start = min((c.makespan for c in on if not c.schedule.offloads), default=math.inf)
-        out.append(_Space(label, place, with_offload if use_offload else held, start, split,
-                          overrun=_expected_overrun(problem, place, engine),
-                          free_bound=free, order_bound=held, offload_bound=with_offload))
-    if not out:
-        raise OptPipeError(f"no fixed schedule on the {' or '.join(allowed or ())} "
-                           f"placement fits this budget, so the search has nothing to "
-                           f"start from; allow one stage per device too (--placements "
-                           f"linear,{','.join(allowed or ())}) or raise the budget")
-    out.sort(key=lambda sp: (sp.best_fixed, sp.bound))
-    return _room_first(out)
-
-
-def _room_first(spaces: list[_Space]) -> list[_Space]:
-    """``spaces`` (sorted by their best start) with, among those whose start is within
-    :data:`CLOSE_STARTS` of the best, the one with the lowest bound moved to the front.
-
-    Why: the first placement gets most of the time (:data:`FIRST_SPACE_SHARE`), and
-    where the starts are about equal the bound says which has more room. Measured at
-    budget S (search revision 10): the list schedules start interleaved chunks 0.8%
-    ahead of ZB-V at 8 x 32, and searched first interleaved ended at 101.5 s (the V
-    shape, second, 101.2 s) where the V shape given that time had proven 100.55 s.
-    """
-    if not spaces:
-        return spaces
-    close = [sp for sp in spaces if sp.best_fixed <= spaces[0].best_fixed * (1 + CLOSE_STARTS)]
-    first = min(close, key=lambda sp: sp.order_bound)
-    return [first] + [sp for sp in spaces if sp is not first]
-
-
-def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
+def _search(problem: Problem, spaces: list[Space], runs: list[EngineResult],
             fixed: FixedSet, best_fixed: Candidate | None, *, engine: str,
             deadline: float, gap: float, threads: int, use_offload: bool,
             split_backward: bool, levels: Sequence[float],
-            progress: "_SearchProgress | None", notes: list[str],
+            progress: SearchProgress | None, notes: list[str],
             memory_binds: bool = False, proven: PrefixCuts | None = None
             ) -> float | None:
     """Run the engines over the placements; return the proven bound over all of them.
@@ -1143,7 +398,7 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
     placement. The offload model's space contains the order model's, so for one stage
     per device its bound (or the no-memory bound, if it did not run) replaces the order
     model's; the other placements fall back to their no-memory bounds. When
-    ``memory_binds`` (hard, :func:`_memory_binds_hard`), one stage per device's first
+    ``memory_binds`` (hard, :func:`memory_binds_hard`), one stage per device's first
     run is preceded by its prefix cuts (:func:`_cuts_pay`), which raise its bound and
     go into its model; they start from ``proven`` (one stage per device's pieces
     already solved for the extended schedules).
@@ -1157,7 +412,7 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
                      and linear.bound < incumbent * (1 - 1e-9))
     order_deadline = time.monotonic() + (deadline - time.monotonic()) * (
         ORDER_SHARE_WITH_OFFLOAD if offload_model else 1.0)
-    pool = _hint_pool(fixed, split_backward)
+    pool = hint_pool(fixed, split_backward)
     lb_linear = linear.bound if linear is not None else math.inf
     best_on: dict[str, Schedule] = {}
     cuts: dict[str, PrefixCuts] = {}
@@ -1208,10 +463,10 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
             # CP-SAT's initial propagation cannot be interrupted: plan with how far past
             # its limit this placement's model is expected to run (or ran before)
             limit = share - space.overrun
-            if limit < max(2.0 if sweep else 0.5, _build_seconds(problem)) and runs:
+            if limit < max(2.0 if sweep else 0.5, build_seconds(problem)) and runs:
                 continue                              # it could not finish in time
             hints = ([best_on[space.label]] if space.label in best_on else []) + \
-                _hint_pool(fixed, space.split)
+                hint_pool(fixed, space.split)
             if engine == "cpsat" and memory_binds and space.label not in cuts and \
                     _cuts_pay(problem, space, use_offload):
                 began = time.monotonic()
@@ -1241,7 +496,7 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
     best_linear = best_on.get("linear")
     if use_offload:
         for sp in spaces:
-            sp.bound = _offload_bound(sp, lb_linear)
+            sp.bound = bound_with_offload(sp, lb_linear)
     if use_offload and linear is not None:
         optimal_runs = [r for r in runs if r.extra.get("space") == "linear"
                         and r.status == OPTIMAL and r.objective is not None
@@ -1273,7 +528,7 @@ def _search(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
     return min(sp.bound for sp in spaces)
 
 
-def _offload_model_reaches(problem: Problem, linear: _Space, fixed: FixedSet,
+def _offload_model_reaches(problem: Problem, linear: Space, fixed: FixedSet,
                            runs: list[EngineResult], incumbent: float) -> bool:
     """Is one stage per device's best start (the order model's answer there, or a
     fitting schedule on it, offloading or not: what the offload model searches from)
@@ -1292,12 +547,12 @@ def _offload_model_reaches(problem: Problem, linear: _Space, fixed: FixedSet,
     cells at S/2 and S with offload, the same day, by hand).
     """
     start = min([_makespan_of(runs, "linear")] +
-                [c.makespan for c in _fitting_on(fixed, linear.placement, linear.split,
-                                                 _fused_faster(problem), True)])
+                [c.makespan for c in fitting_on(fixed, linear.placement, linear.split,
+                                                fused_is_faster(problem), True)])
     return start <= incumbent * (1 + OFFLOAD_MODEL_REACH)
 
 
-def _cuts_pay(problem: Problem, space: _Space, use_offload: bool) -> bool:
+def _cuts_pay(problem: Problem, space: Space, use_offload: bool) -> bool:
     """Prefix cuts (:mod:`.prefix`) for one stage per device, without offload, when
     memory binds (its memory bound is above its no-memory bound) and the problem has
     more microbatches than the pieces: where CP-SAT's proofs stall. Not for the
@@ -1307,49 +562,23 @@ def _cuts_pay(problem: Problem, space: _Space, use_offload: bool) -> bool:
     their chain is below the memory bound, so in the minute they cost time and close
     nothing (``scripts/bench_chunked_proofs.py``, docs/optimizer-log.md)."""
     return (space.label == "linear" and problem.microbatches > MAX_PIECE
-            and _memory_lifts(space.bound, space.free_bound, use_offload))
+            and memory_lifts(space.bound, space.free_bound, use_offload))
 
 
-def _memory_lifts(held: float, free: float, use_offload: bool) -> bool:
-    """Without offload, memory lifts the bound (``held``) above the no-memory one
-    (``free``): the pieces of the prefix cuts then see waits the bounds do not. One
-    rule for the driver's cuts (:func:`_cuts_pay`) and the extended schedules' source
-    (:func:`_add_extended`)."""
-    return not use_offload and held > free * (1 + 1e-9)
-
-
-def _prefix_cuts(problem: Problem, space: _Space, fixed: FixedSet, seconds: float,
-                 threads: int, progress: "_SearchProgress | None",
+def _prefix_cuts(problem: Problem, space: Space, fixed: FixedSet, seconds: float,
+                 threads: int, progress: SearchProgress | None,
                  known: PrefixCuts | None = None) -> PrefixCuts:
     """Solve the pieces for ``space``, hinted with the first microbatches of its best
     fitting schedules (:func:`~.prefix.truncated_hints`), beyond what ``known`` (of one
     stage per device, the only placement the cuts are built for) already holds."""
-    on = _fitting_on(fixed, space.placement, space.split, _fused_faster(problem), False)
+    on = fitting_on(fixed, space.placement, space.split, fused_is_faster(problem), False)
     return prefix_cuts(problem, space.placement, space.split, time_limit=seconds,
                        threads=threads,
                        hints=truncated_hints([c.schedule for c in on[:HINTS_PER_PIECE]]),
                        heartbeat=progress.emit if progress else None, known=known)
 
 
-def _offload_bound(space: _Space, linear: float) -> float:
-    """What holds on ``space`` when offload is allowed.
-
-    The order models' proofs do not cover offload, which fixed schedules may use on any
-    placement (pipeoffload builds on ZB-V too): the chunked placements keep their
-    bounds that hold with offload (``offload_bound``: no-memory, the kept bytes' area,
-    :func:`~.preprocess.offload_area_bound`, or the warm-up's,
-    :func:`~.preprocess.offload_warmup_bound`), and one stage per device keeps
-    ``linear`` (that, or the value its order model proved optimal at that bound). Not
-    the offload model's bound: in that model an OFFLOAD that holds its device back
-    (``wait``) comes right after its F, and one listed later, holding back a later
-    action, may beat its optimum. Shared by the search's end and the live line, so both
-    state one rule.
-    """
-    return max(linear, space.offload_bound) if space.label == "linear" \
-        else space.offload_bound
-
-
-def _placement_proofs(problem: Problem, spaces: list[_Space], runs: list[EngineResult],
+def _placement_proofs(problem: Problem, spaces: list[Space], runs: list[EngineResult],
                       fixed: FixedSet, use_offload: bool, gap: float
                       ) -> list[dict[str, Any]]:
     """Best schedule, proven bound and status on each placement searched.
@@ -1359,12 +588,12 @@ def _placement_proofs(problem: Problem, spaces: list[_Space], runs: list[EngineR
     the model the MILP also builds) was solved to optimality.
     """
     out = []
-    faster = _fused_faster(problem)
+    faster = fused_is_faster(problem)
     for sp in spaces:
         label = "linear+offload" if sp.label == "linear" and use_offload else sp.label
         best = min([_makespan_of(runs, sp.label), _makespan_of(runs, label)]
-                   + [c.makespan for c in _fitting_on(fixed, sp.placement, sp.split, faster,
-                                                      use_offload)],
+                   + [c.makespan for c in fitting_on(fixed, sp.placement, sp.split, faster,
+                                                     use_offload)],
                    default=math.inf)
         if not math.isfinite(best):
             continue
@@ -1398,69 +627,12 @@ def _even_split_note(problem: Problem, schedule: Schedule) -> str | None:
             f"check with optpipe run)")
 
 
-def _fused_relaxed_bound(problem: Problem, spaces: list[_Space]) -> float | None:
-    """A lower bound valid for schedules that fuse some backwards, or None if not needed.
-
-    Why: with a measured ``backward_fused`` shorter than B + W, a schedule that fuses a
-    backward can beat every split schedule, so the split engines' bounds do not cover
-    it. The relaxation shortens W to ``max(0, BW - B)`` (and B to ``BW`` if even that is
-    shorter): any fused BW then maps onto an adjacent B', W' pair no longer than it, which
-    releases memory no later and sends the gradient no later, so the relaxation's
-    no-memory bound over the searched placements holds for every schedule.
-    """
-    if not _fused_faster(problem):
-        return None
-    b_in, b_w = _relax_fused(problem.backward_input, problem.backward_weight,
-                             problem.backward_fused)
-    chunks = []
-    for c in problem.chunk_profiles:     # measured cuts are relaxed the same way
-        c_in, c_w = _relax_fused(c.backward_input, c.backward_weight, c.backward_fused)
-        chunks.append(replace(c, backward_input=c_in, backward_weight=c_w,
-                              backward_fused=None))
-    relaxed = replace(problem, backward_input=b_in, backward_weight=b_w,
-                      backward_fused=None, chunk_profiles=tuple(chunks))
-    return min(lower_bound(task_graph(relaxed, True, sp.placement)) for sp in spaces)
-
-
-def _build_seconds(problem: Problem) -> float:
-    """A generous estimate of building and hinting one order model, in seconds.
-
-    Measured on 2 cores: 16 x 64 takes ~1 s to pick the hint and up to 3.4 s to build
-    (the V shape); a run started with less time than that would overrun the deadline.
-    """
-    return 1.0 + 0.004 * problem.stages * problem.microbatches
-
-
-def _expected_overrun(problem: Problem, placement: list[int], engine: str) -> float:
-    """Seconds a first CP-SAT run on a chunked placement may run past its limit.
-
-    Measured by hand on 2 cores, runs of 10 s: up to 1.1 s past the limit at 16 x 64
-    (the V shape, whose model takes ~4 s to build and whose window steps are planned
-    with that), 0.0-0.7 s elsewhere. With CP-SAT's transitive closure of precedences
-    (off since :func:`~.cpsat.new_solver`) runs went 5-15 s past their limits
-    (`scripts/bench_cpsat_params.py`) and this estimate was 8 times larger, which cost
-    the user's time: a 20 s solve of llama2-70b on 16 stages ended after 12 s (by hand;
-    19 s now, the same script). Later runs use the larger of this and the
-    overrun measured (a run that stopped early measures nothing). None past
-    :data:`~.cpsat.TIME_FULL_MAX_CELLS`: there the run is window steps from the start,
-    which plan their own overrun against the deadline (holding this back left 1-1.7 s
-    of the minute unused at 8 x 64 and 16 x 64, search revision 17's runs).
-    """
-    from optpipe.optimizer.cpsat import windows_from_the_start
-
-    chunks = len(placement) // problem.devices
-    if engine != "cpsat" or chunks == 1 or windows_from_the_start(problem):
-        return 0.0
-    return OVERRUN_PER_CHUNK_CELL * chunks * problem.stages * problem.microbatches
-
-
 def _makespan_of(runs: list[EngineResult], label: str) -> float:
     """Best objective the runs found on one placement (inf if none)."""
     return min((r.objective for r in runs if r.extra.get("space") == label
                 and r.objective is not None), default=math.inf)
 
 
-# -------------------------------------------------------------------- engines
 def _run_engine(engine: str, problem: Problem, hints: list[Schedule], time_limit: float,
                 gap: float, threads: int, offload: bool, split_backward: bool,
                 levels: Sequence[float], progress: ProgressFn | None,
@@ -1507,7 +679,6 @@ def _gurobi_license_error(exc: BaseException) -> str | None:
     return None
 
 
-# ------------------------------------------------------------ choose, stamp
 def _choose(problem: Problem, runs: list[EngineResult], best_fixed: Candidate | None,
             wall: float, bound: float | None, gap: float) -> SolveResult:
     """The best valid schedule among the engines' and the fixed ones, with its status.
@@ -1520,7 +691,7 @@ def _choose(problem: Problem, runs: list[EngineResult], best_fixed: Candidate | 
     for run in runs:
         if run.schedule is None:
             notes.append(f"{run.engine}: {run.status}" + (f" ({run.message})"
-                                                           if run.message else ""))
+                                                          if run.message else ""))
             continue
         try:
             sim = simulate(problem, run.schedule)
@@ -1615,108 +786,8 @@ def _stamp(result: SolveResult, problem: Problem, **options: Any) -> None:
     prov["runs"] = [{"engine": r.engine, "status": r.status, "objective": r.objective,
                      "bound": r.bound, "wall_time": round(r.wall_time, 3),
                      **{k: v for k, v in r.extra.items() if isinstance(v, (int, float, str,
-                                                                            bool, list))}}
+                                                                           bool, list))}}
                     for r in result.runs]
     # a copy: a returned fixed schedule is also listed, unchanged, in ``result.fixed``
     result.schedule = replace(result.schedule, name=name, provenance=prov)
     result.sim.schedule = result.schedule
-
-
-# -------------------------------------------------------------------- progress
-class _SearchProgress:
-    """What the live line shows of the whole search, whichever engine run reports.
-
-    Why not forward the engines' reports: each run counts its own elapsed time, knows
-    only its own incumbent (not the fixed and periodic schedules already in hand) and
-    its own placement's bound, while the answer's bound is the least over placements.
-    So this keeps the solve's clock, the best makespan so far and each placement's best
-    bound, and reports the bound that holds for the answer: with offload, the order
-    models' bounds do not hold (see :func:`_search`), and with a faster fused backward
-    the fused relaxation caps it (:func:`_fused_relaxed_bound`).
-    """
-
-    def __init__(self, sink: ProgressFn, t0: float, spaces: list[_Space],
-                 incumbent: float | None, use_offload: bool, cap: float | None) -> None:
-        self.sink, self.t0, self.spaces = sink, t0, spaces
-        self.best = incumbent
-        self.use_offload, self.cap = use_offload, cap
-        self.live: dict[str, float] = {}
-        self.linear_start = next((sp.bound for sp in spaces if sp.label == "linear"), None)
-
-    def run(self, label: str) -> ProgressFn:
-        """The progress function for one engine run on placement ``label``."""
-        self.emit()          # a run starts: show where the search stands
-
-        def report(_elapsed: float, best: float | None, bound: float | None,
-                   _gap: float | None) -> None:
-            if best is not None:
-                self.best = best if self.best is None else min(self.best, best)
-            if bound is not None:
-                self.live[label] = max(self.live.get(label, -math.inf), bound)
-            self.emit()
-        return report
-
-    def bound(self) -> float:
-        if self.use_offload:
-            linear = -math.inf if self.linear_start is None else \
-                max(self.linear_start, self.live.get("linear+offload", -math.inf))
-            found = min(_offload_bound(sp, linear) for sp in self.spaces)
-        else:
-            found = min(max(sp.bound, self.live.get(sp.label, -math.inf))
-                        for sp in self.spaces)
-        return found if self.cap is None else min(found, self.cap)
-
-    def emit(self) -> None:
-        bound = self.bound()
-        self.sink(time.monotonic() - self.t0, self.best, bound,
-                  relative_gap(self.best, bound))
-
-
-def _progress_sink(progress: bool | ProgressFn | None) -> ProgressFn | None:
-    if callable(progress):
-        return progress
-    if not progress:
-        return None
-    return _LiveLine()
-
-
-class _LiveLine:
-    """One line on stderr, rewritten in place on a terminal, throttled otherwise.
-
-    Shows after the first second only, so quick solves print nothing.
-    """
-
-    def __init__(self, delay: float = 1.0, every: float = 10.0) -> None:
-        self.delay, self.every = delay, every
-        self.tty = sys.stderr.isatty()
-        self.last_print = -math.inf
-        self.shown = False
-        self.best: float | None = None
-        self.bound: float | None = None
-
-    def __call__(self, elapsed: float, best: float | None, bound: float | None,
-                 gap: float | None) -> None:
-        # the search's own view (_SearchProgress): kept for the next throttled print
-        self.best = best if best is not None else self.best
-        self.bound = bound if bound is not None else self.bound
-        if elapsed < self.delay:
-            return
-        if not self.tty and elapsed - self.last_print < self.every:
-            return
-        self.last_print = elapsed
-        gap = relative_gap(self.best, self.bound)
-        text = (f"solving {elapsed:6.1f}s  incumbent "
-                f"{format_seconds(self.best) if self.best is not None else '-':>10}  bound "
-                f"{format_seconds(self.bound) if self.bound is not None else '-':>10}  gap "
-                f"{f'{gap:.2%}' if gap is not None else '-':>7}")
-        if self.tty:
-            sys.stderr.write("\r\x1b[2K" + text)
-        else:
-            sys.stderr.write(text + "\n")
-        sys.stderr.flush()
-        self.shown = True
-
-    def close(self) -> None:
-        if self.shown and self.tty:
-            sys.stderr.write("\n")
-            sys.stderr.flush()

@@ -58,7 +58,7 @@ SEARCHED_FACTORS = (2.25, 2.0, 1.75, 2.5)
 PLAN_SEEDS = (1, 0, 2, 3)
 
 #: Factors between and below the list plans', tried with time the search leaves over, on the
-#: placement whose offloaded start won (the driver's ``_refine_offloaded``).
+#: placement whose offloaded start won (``warm_starts.refine_offloaded``).
 #: ``python scripts/bench_offload_starts.py``: 2.125 gave 8 x 32 at S/2 102.1 s against
 #: 102.4 s, 2.375 gave 16 x 32 106.0 s against 106.1 s: small gains, so only where the
 #: time is free.
