@@ -99,7 +99,7 @@ def main() -> int:
     if args.default_gc:
         from optpipe.optimizer import gcpause
         gcpause.THRESHOLDS = (0, 0, 0)     # never above the program's own: unchanged
-    columns = [column for _, _, column in PHASES]
+    columns = list(dict.fromkeys(column for _, _, column in PHASES))   # in order, once
     lines = ["| problem | search begins at | " + " | ".join(columns) + " |",
              "|---|---|" + "---|" * len(columns)]
     for spec in args.sizes.split(","):
