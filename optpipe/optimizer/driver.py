@@ -355,16 +355,16 @@ def _resolve_offload(problem: Problem, offload: bool | None, fixed: FixedSet,
                      best_fixed: Candidate | None, split_backward: bool = True) -> bool:
     """Auto: offload when a faster fixed schedule exists that does not fit the budget;
     beyond :data:`OFFLOAD_AUTO_MAX_CELLS` only when memory binds hard
-    (:func:`memory_binds_hard`).
+    (:func:`~.candidates.memory_binds_hard`).
 
     Why the two rules: up to that size the offload model (a circuit per device) is built
     and may take 70% of the minute from the order models (where its start is within
     reach, :func:`_offload_model_reaches`), which pays only where the budget holds the
     schedule back. Beyond it no offload model runs and the order models keep
     their time; offload then costs the offloaded list schedules' share
-    (:data:`OFFLOAD_STARTS_SHARE`) and reports the weaker bound that holds with offload,
+    (:data:`~.warm_starts.OFFLOAD_STARTS_SHARE`) and reports the weaker bound that holds with offload,
     which pays where memory costs the fixed schedules more than
-    :data:`PERIODIC_MIN_LOSS` (at S/2 on the benchmark, 16 x 32: 9.5% bubble with
+    :data:`~.candidates.PERIODIC_MIN_LOSS` (at S/2 on the benchmark, 16 x 32: 9.5% bubble with
     offload against 30.0% without; at S, where it does not bind hard, 16 x 64 ended at
     205.9 s with offload against 204.3 s without).
     """
@@ -398,7 +398,7 @@ def _search(problem: Problem, spaces: list[Space], runs: list[EngineResult],
     placement. The offload model's space contains the order model's, so for one stage
     per device its bound (or the no-memory bound, if it did not run) replaces the order
     model's; the other placements fall back to their no-memory bounds. When
-    ``memory_binds`` (hard, :func:`memory_binds_hard`), one stage per device's first
+    ``memory_binds`` (hard, :func:`~.candidates.memory_binds_hard`), one stage per device's first
     run is preceded by its prefix cuts (:func:`_cuts_pay`), which raise its bound and
     go into its model; they start from ``proven`` (one stage per device's pieces
     already solved for the extended schedules).

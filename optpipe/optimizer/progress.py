@@ -59,8 +59,8 @@ class SearchProgress:
     its own placement's bound, while the answer's bound is the least over placements.
     So this keeps the solve's clock, the best makespan so far and each placement's best
     bound, and reports the bound that holds for the answer: with offload, the order
-    models' bounds do not hold (see :func:`_search`), and with a faster fused backward
-    the fused relaxation caps it (:func:`fused_relaxed_bound`).
+    models' bounds do not hold (see :func:`~.driver._search`), and with a faster fused backward
+    the fused relaxation caps it (:func:`~.spaces.fused_relaxed_bound`).
     """
 
     def __init__(self, sink: ProgressFn, t0: float, spaces: list[Space],

@@ -130,7 +130,7 @@ def room_first(spaces: list[Space]) -> list[Space]:
     """``spaces`` (sorted by their best start) with, among those whose start is within
     :data:`CLOSE_STARTS` of the best, the one with the lowest bound moved to the front.
 
-    Why: the first placement gets most of the time (:data:`FIRST_SPACE_SHARE`), and
+    Why: the first placement gets most of the time (:data:`~.driver.FIRST_SPACE_SHARE`), and
     where the starts are about equal the bound says which has more room. Measured at
     budget S (search revision 10): the list schedules start interleaved chunks 0.8%
     ahead of ZB-V at 8 x 32, and searched first interleaved ended at 101.5 s (the V
@@ -146,8 +146,8 @@ def room_first(spaces: list[Space]) -> list[Space]:
 def memory_lifts(held: float, free: float, use_offload: bool) -> bool:
     """Without offload, memory lifts the bound (``held``) above the no-memory one
     (``free``): the pieces of the prefix cuts then see waits the bounds do not. One
-    rule for the driver's cuts (:func:`_cuts_pay`) and the extended schedules' source
-    (:func:`add_extended`)."""
+    rule for the driver's cuts (:func:`~.driver._cuts_pay`) and the extended schedules' source
+    (:func:`~.warm_starts.add_extended`)."""
     return not use_offload and held > free * (1 + 1e-9)
 
 

@@ -68,7 +68,7 @@ CHUNKED_EXTEND_SHARE = 0.3
 CHUNKED_EXTEND_MAX_SOURCE_CELLS = 256
 #: Share of the time limit for offloaded list schedules (:mod:`.offload_starts`), when
 #: offload is allowed and the budget holds the schedule back (:func:`add_offloaded_starts`)
-#: and binds hard (:func:`memory_binds_hard`); where it does not bind hard
+#: and binds hard (:func:`~.candidates.memory_binds_hard`); where it does not bind hard
 #: :data:`OFFLOAD_STARTS_SHARE_SOFT`. Why less there: at budget S the plans either fit at
 #: once (8 x 16 and 16 x 32: the no-memory bound, in 0.2-1.3 s a try) or not at all
 #: (16 x 64: no factor on any placement, 14.5 s of the minute gone, 206.4 s against
@@ -112,7 +112,7 @@ def add_list_schedules(problem: Problem, fixed: FixedSet, split_backward: bool,
     any fixed schedule, which the engines' minute at 16 stages cannot make up (the
     16-stage preset: 1.820 s on the V shape against zb-auto's 1.944 s, which the search
     had returned). Added after the
-    periodic blocks' trigger is decided (:func:`memory_binds_hard` compares fixed
+    periodic blocks' trigger is decided (:func:`~.candidates.memory_binds_hard` compares fixed
     schedules only). Not on one stage per device: the fixed schedules hold memory-aware
     greedy list schedules there already (``preprocess.greedy_schedule``), and these
     were never faster than the best fixed schedule there
@@ -373,7 +373,7 @@ def add_periodic(problem: Problem, fixed: FixedSet, split_backward: bool,
     Why: when memory binds they are often far better than any fixed schedule (a V-shaped
     block at half of 1F1B's memory), and the engines start from the best schedule on
     each placement, so a better start is a better answer in the same time. Called only
-    when memory binds hard (:func:`memory_binds_hard`): measured at budget S (1F1B's
+    when memory binds hard (:func:`~.candidates.memory_binds_hard`): measured at budget S (1F1B's
     memory) the blocks never beat the fixed schedules, and their time is better spent
     searching.
     """
@@ -420,7 +420,7 @@ def add_extended(problem: Problem, fixed: FixedSet, split_backward: bool,
     measured at 8 x 64 and 16 x 64, S/2, extensions of a 15 s search were 14-33 %
     slower than the periodic V blocks, which already are their steady state.
     What the searches on fewer microbatches prove goes into ``proven``, for the prefix
-    cuts (:func:`_search`); where those cuts pay (without offload, memory above the
+    cuts (:func:`~.driver._search`); where those cuts pay (without offload, memory above the
     no-memory bound) and the source is small enough to be proven in the time, the small
     pieces are solved before the largest source's search and go into its model
     (:data:`SOURCE_CUTS_SHARE`).
