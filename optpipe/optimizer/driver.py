@@ -360,13 +360,13 @@ def _resolve_offload(problem: Problem, offload: bool | None, fixed: FixedSet,
     Why the two rules: up to that size the offload model (a circuit per device) is built
     and may take 70% of the minute from the order models (where its start is within
     reach, :func:`_offload_model_reaches`), which pays only where the budget holds the
-    schedule back. Beyond it no offload model runs and the order models keep
-    their time; offload then costs the offloaded list schedules' share
-    (:data:`~.warm_starts.OFFLOAD_STARTS_SHARE`) and reports the weaker bound that holds with offload,
-    which pays where memory costs the fixed schedules more than
-    :data:`~.candidates.PERIODIC_MIN_LOSS` (at S/2 on the benchmark, 16 x 32: 9.5% bubble with
-    offload against 30.0% without; at S, where it does not bind hard, 16 x 64 ended at
-    205.9 s with offload against 204.3 s without).
+    schedule back. Beyond it no offload model runs and the order models keep their
+    time; offload then costs the offloaded list schedules' share
+    (:data:`~.warm_starts.OFFLOAD_STARTS_SHARE`) and reports the weaker bound that holds
+    with offload, which pays where memory costs the fixed schedules more than
+    :data:`~.candidates.PERIODIC_MIN_LOSS` (at S/2 on the benchmark, 16 x 32: 9.5% bubble
+    with offload against 30.0% without; at S, where it does not bind hard, 16 x 64 ended
+    at 205.9 s with offload against 204.3 s without).
     """
     if offload is not None:
         return offload
