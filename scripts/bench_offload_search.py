@@ -13,11 +13,13 @@ draws, ``QUEUE_FLIP``, take the old rule).
 ``--strategies`` measures the search alone, from the best variant on a placement, with
 three seeds: fresh draws only (``FRESH`` = 1, one basin: revision 29's GRASP), the
 perturbing search with one basin, with two (revision 30), with two that restart when
-stalled (revision 31), and with the queue-aware offloads (revision 32, what the driver
-uses)::
+stalled (revision 31), with the queue-aware offloads (revision 32, what the driver
+uses), and one basin per W policy and offload rule (``rules``, tried and not kept: the
+log's item "four basins"; ``--seeds`` for more than three)::
 
     python scripts/bench_offload_search.py --strategies      # writes docs/optimizer-log.md
     python scripts/bench_offload_search.py --strategies --kinds restart,queue
+    python scripts/bench_offload_search.py --strategies --kinds queue,rules --seeds 0,1,2,3,4,5 --no-write
 
 Without it, the presets are solved as ``optpipe solve`` does (offload decided
 automatically, the cache off), once with revision 31's offloads (by the path alone) and
@@ -60,7 +62,8 @@ KINDS = {"fresh": ("fresh draws only (revision 29)", 1.0, 1, NEVER, False, 0.0),
          "restart": ("two basins, restarted when stalled (revision 31)", 0.3, 2, 60,
                      False, 0.0),
          "queue": ("restarts, offloads that can come back in time (revision 32)",
-                   0.3, 2, 60, True, 0.25)}
+                   0.3, 2, 60, True, 0.25),
+         "rules": ("four basins, W policy x offload rule", 0.3, 4, 60, True, 0.25)}
 KNOBS = ("FRESH", "BASINS", "STALL")
 MODULE_KNOBS = ("QUEUE_AWARE", "QUEUE_FLIP")
 #: (case, placement) the strategies are measured on: the placements the driver's
@@ -72,9 +75,10 @@ SEARCH_CASES = (("8stage-40GB", "interleaved"), ("16stage-40GB", "interleaved"),
 SEEDS = (0, 1, 2)
 
 
-def strategies_row(label: str, placement: str, seconds: float, kinds: list[str]) -> str:
+def strategies_row(label: str, placement: str, seconds: float, kinds: list[str],
+                   seeds: tuple[int, ...] = SEEDS) -> str:
     """For each of ``kinds`` (keys of :data:`KINDS`): the best variant's makespan (the
-    start, built with the kind's knobs), the mean over :data:`SEEDS` after a third of
+    start, built with the kind's knobs), the mean over ``seeds`` after a third of
     ``seconds`` and after all of it, and the best."""
     from optpipe.optimizer import offload_list
     from optpipe.schedule import searched_placements
@@ -90,7 +94,7 @@ def strategies_row(label: str, placement: str, seconds: float, kinds: list[str])
             best, _, start = min(((r.makespan, i, s) for r, i, s in made if r.fits),
                                  key=lambda t: t[:2])
             early, late = [], []
-            for seed in SEEDS:
+            for seed in seeds:
                 search = offload_list.RandomizedSearch(
                     problem, place, True, start.provenance["offload_list"], best, seed=seed)
                 search.run(time.monotonic() + seconds / 3)
@@ -154,24 +158,28 @@ def main() -> None:
                     help="measure the search's strategies alone (module docstring)")
     ap.add_argument("--kinds", default=",".join(KINDS),
                     help=f"with --strategies, comma-separated, of {', '.join(KINDS)}")
+    ap.add_argument("--seeds", default=",".join(map(str, SEEDS)),
+                    help="with --strategies, comma-separated random seeds (default 0,1,2)")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
     if args.strategies:
         seconds = 15.0 if args.seconds == 60.0 else args.seconds
         kinds = args.kinds.split(",")
+        seeds = tuple(int(s) for s in args.seeds.split(","))
         if not set(kinds) <= set(KINDS):
             raise SystemExit(f"unknown kind in {args.kinds!r}; known: {', '.join(KINDS)}")
         table = ["| problem | placement | "
                  + " | ".join(KINDS[kind][0] for kind in kinds) + " |",
                  "|---" * (2 + len(kinds)) + "|"]
-        table += [strategies_row(label, placement, seconds, kinds)
+        table += [strategies_row(label, placement, seconds, kinds, seeds)
                   for label, placement in SEARCH_CASES]
         command = "python scripts/bench_offload_search.py --strategies" + (
-            f" --kinds {args.kinds}" if kinds != list(KINDS) else "")
+            f" --kinds {args.kinds}" if kinds != list(KINDS) else "") + (
+            f" --seeds {args.seeds}" if seeds != SEEDS else "")
         caption = (f"Measured with `{command} "
                    f"--seconds {seconds:g}` ({time.strftime('%Y-%m-%d')}, 2 cores; each "
                    "cell: the best variant's makespan (the search's start), the mean "
-                   f"over seeds {', '.join(map(str, SEEDS))} after "
+                   f"over seeds {', '.join(map(str, seeds))} after "
                    f"{seconds / 3:g} s / after {seconds:g} s, and the best after "
                    f"{seconds:g} s; makespans simulated; bench-SxM: the benchmark's "
                    "uniform problem at S/2).")

@@ -188,6 +188,19 @@ def test_the_randomized_search_keeps_its_best_in_both_w_policies() -> None:
     assert all(best < float("inf") for _, _, best in search.basins.values())
 
 
+def test_four_basins_keep_each_its_offload_rule(monkeypatch) -> None:
+    """``BASINS = 4`` (a strategy the benchmark measures, not the default): one basin
+    per W policy and offload rule, each run in turn, and a basin's runs keep its rule
+    (no switch in its fresh draws); the best still never gets worse."""
+    monkeypatch.setattr(RandomizedSearch, "BASINS", 4)
+    search, held = _searched(seed=2, calls=4, seconds=0.5)
+    assert held == sorted(held, reverse=True)
+    assert len(search.basins) == 4 and search.runs >= 8
+    for (eager, rule), (params, _, best) in search.basins.items():
+        assert params["eager_w"] == eager and params["queue_aware"] == rule
+        assert best < float("inf")
+
+
 def test_a_stalled_basin_restarts_and_the_best_is_kept() -> None:
     """A basin that has not improved for ``STALL`` runs restarts from a fresh draw near
     its start, which may be slower than the best so far: the search still reports
@@ -250,7 +263,7 @@ def test_the_offload_rule_switch_leaves_every_other_draw_as_it_was(monkeypatch) 
         search = RandomizedSearch(problem, place, True, around, 1.0, seed=5)
         if switch_seed is not None:
             search.switch = random.Random(switch_seed)
-        drawn.append([search._fresh(search.origins[False]) for _ in range(8)])
+        drawn.append([search._fresh(search.origins[search.first]) for _ in range(8)])
     rules = [[params["queue_aware"] for params, _ in draws] for draws in drawn]
     assert rules[0] != rules[1]                  # the two switch streams differ...
     for (one, one_scale), (other, other_scale) in zip(*drawn):

@@ -386,8 +386,10 @@ class RandomizedSearch:
     from a fresh draw near its start (revision 31; the best run overall is kept apart,
     since a restarted basin may be slower than it): the perturbing search settles where
     fresh draws alone still find more (``--model gpt3-13b --stages 8 --mem 40GB``: the
-    strategies table in docs/optimizer-log.md, revision-31 item). A run costs 0.02-0.5 s
-    up to 16 x 32.
+    strategies table in docs/optimizer-log.md, revision-31 item). Not a basin per
+    offload rule too (``BASINS = 4``): with the runs split four ways each walk is half
+    as long, behind on every case where the rule matters (six seeds; the log's item
+    "four basins"). A run costs 0.02-0.5 s up to 16 x 32.
 
     ``around`` is the start's ``provenance["offload_list"]`` and ``makespan`` its
     simulated makespan (None: run and simulated here); its priorities are rebuilt from
@@ -395,7 +397,9 @@ class RandomizedSearch:
     """
 
     FRESH = 0.3                         # share of runs drawn afresh
-    BASINS = 2                          # 1: only the start's W policy
+    # 1: only the start's W policy; 2: both W policies; 4: both W policies x both
+    # offload rules (each basin keeps its rule: no switch in its fresh draws)
+    BASINS = 2
     STALL = 60                          # runs without a gain before a basin restarts
 
     def __init__(self, problem: Problem, placement: Sequence[int], split_backward: bool,
@@ -420,13 +424,16 @@ class RandomizedSearch:
             makespan = self._simulated(offload_list_schedule(
                 problem, placement, split_backward, graph=self.graph, scale=scale,
                 **params))
-        # one basin per W policy, each with its best (params, scales, makespan): the
-        # other policy's first runs are worse, and would never be kept against this one
-        self.first = params["eager_w"]
+        # one basin per W policy (and per offload rule with BASINS = 4), each with its
+        # best (params, scales, makespan): the other policy's first runs are worse, and
+        # would never be kept against this one
+        eager, rule = params["eager_w"], params["queue_aware"]
+        self.first = (eager, rule)
         self.started = {self.first}
-        self.basins = {params["eager_w"]: (params, scale, makespan),
-                       not params["eager_w"]: ({**params, "eager_w": not params["eager_w"]},
-                                               scale, float("inf"))}
+        self.basins = {(e, r): ({**params, "eager_w": e, "queue_aware": r}, scale,
+                                makespan if (e, r) == self.first else float("inf"))
+                       for r in ((rule, not rule) if self.BASINS == 4 else (rule,))
+                       for e in (False, True)}
         # where each basin restarts from once it stalls, and its runs since it last
         # improved; the best run overall is kept apart, since a restarted basin's
         # current run may be slower than it
@@ -447,8 +454,18 @@ class RandomizedSearch:
         """The fastest run's makespan so far (the start's at first)."""
         return self.best
 
-    def _draw(self, basin: bool) -> tuple[dict, dict[Key, float]]:
-        """The next run's parameters and priority scales in ``basin`` (its W policy)."""
+    def _basin(self) -> tuple[bool, bool]:
+        """The next run's basin, ``(eager_w, queue_aware)``: in turn, the lazy W policy
+        first (the order of revision 30), the start's offload rule before the other."""
+        if self.BASINS == 1:
+            return self.first
+        rule = self.first[1]
+        if self.BASINS == 4 and (self.runs // 2) % 2:
+            rule = not rule
+        return bool(self.runs % 2), rule
+
+    def _draw(self, basin: tuple[bool, bool]) -> tuple[dict, dict[Key, float]]:
+        """The next run's parameters and priority scales in ``basin``."""
         rng = self.rng
         params, scale, _ = self.basins[basin]
         if basin not in self.started:   # the basin's own start first
@@ -473,7 +490,7 @@ class RandomizedSearch:
         or None."""
         bar, found = self.makespan, None
         while time.monotonic() < deadline:
-            basin = bool(self.runs % 2) if self.BASINS == 2 else self.first
+            basin = self._basin()
             self.runs += 1
             restart = self.stalled[basin] >= self.STALL
             self.restarts += restart
@@ -503,7 +520,7 @@ class RandomizedSearch:
         params["reserve"] = max(0.0, params["reserve"] + rng.choice((-0.5, 0.0, 0.5)))
         params["away"] *= rng.uniform(0.6, 1.5)
         params["lead"] = rng.uniform(0.5, 2.5)
-        if self.switch.random() < QUEUE_FLIP:
+        if self.BASINS != 4 and self.switch.random() < QUEUE_FLIP:
             params["queue_aware"] = not params["queue_aware"]
         jitter = rng.uniform(0.0, 0.1)
         return params, {k: 1 + rng.uniform(-jitter, jitter) for k in self.keys}
