@@ -174,7 +174,7 @@ def test_horizon_probes_match_brute_force(split: bool, shape: tuple[int, int],
     started from a zero bound and a horizon 1.5x the optimum, ends proven at the best
     of all FIFO schedules, and the schedule it found simulates to that makespan in
     budget."""
-    from optpipe.optimizer.milp import _Probes, _probe_search, _Progress
+    from optpipe.optimizer.milp_run import Probes, Progress, probe_search
     from optpipe.optimizer.preprocess import sequential_schedule, task_graph
 
     problem = uniform_problem(*shape, backward_weight=0.5, p2p=0.1).activation_budget(k)
@@ -184,8 +184,8 @@ def test_horizon_probes_match_brute_force(split: bool, shape: tuple[int, int],
     upper = simulate(problem, sequential_schedule(problem, split)).makespan
     assert upper <= 1.5 * best
     upper = round(1.5 * best / 0.05) * 0.05
-    run = _probe_search(_Probes(problem, task_graph(problem, split), 0.0, upper, 0.05),
-                        time.perf_counter() + TL, 0.0, 1, _Progress(None, 0.0))
+    run = probe_search(Probes(problem, task_graph(problem, split), 0.0, upper, 0.05),
+                       time.perf_counter() + TL, 0.0, 1, Progress(None, 0.0))
     assert run.optimal and run.objective == pytest.approx(best)
     assert run.bound == pytest.approx(best)
     sim = simulate(problem, run.schedule)
@@ -198,7 +198,7 @@ def test_horizon_probes_match_brute_force(split: bool, shape: tuple[int, int],
 def test_horizon_probes_prove_a_memory_bound_pipeline() -> None:
     """4 x 8 at two activations with p2p: the probes alone prove CP-SAT's optimum."""
     from optpipe.optimizer.cpsat import solve_cpsat
-    from optpipe.optimizer.milp import _Probes, _probe_search, _Progress
+    from optpipe.optimizer.milp_run import Probes, Progress, probe_search
     from optpipe.optimizer.preprocess import fixed_schedules, lower_bound, task_graph
 
     problem = uniform_problem(4, 8, backward_weight=1.0, p2p=0.05).activation_budget(2)
@@ -208,8 +208,8 @@ def test_horizon_probes_prove_a_memory_bound_pipeline() -> None:
     upper = min(c.makespan for c in fixed_schedules(problem).candidates
                 if c.fits and not c.schedule.offloads
                 and list(c.schedule.placement) == linear_placement(4))
-    run = _probe_search(_Probes(problem, graph, lower_bound(graph), upper, 0.05),
-                        time.perf_counter() + 3 * TL, 0.0, 1, _Progress(None, 0.0))
+    run = probe_search(Probes(problem, graph, lower_bound(graph), upper, 0.05),
+                       time.perf_counter() + 3 * TL, 0.0, 1, Progress(None, 0.0))
     assert run.optimal and run.bound == pytest.approx(exact.objective)
     if run.has_solution:
         assert simulate(problem, run.schedule).makespan == pytest.approx(exact.objective)
@@ -341,14 +341,14 @@ def test_runs_with_other_thread_counts_in_one_process(monkeypatch) -> None:
     runs one search on two threads, in a child that inherits this process's
     scheduler: both must still prove the optimum."""
     from optpipe.optimizer import milp
-    from optpipe.optimizer.milp import _Probes, _probe_search, _Progress
+    from optpipe.optimizer.milp_run import Probes, Progress, probe_search
     from optpipe.optimizer.preprocess import lower_bound, sequential_schedule, task_graph
 
     problem = uniform_problem(3, 4, backward_weight=1.0, p2p=0.05).activation_budget(2)
     graph = task_graph(problem)
     upper = simulate(problem, sequential_schedule(problem)).makespan
-    probes = _probe_search(_Probes(problem, graph, lower_bound(graph), upper, 0.05),
-                           time.perf_counter() + TL, 0.0, 1, _Progress(None, 0.0))
+    probes = probe_search(Probes(problem, graph, lower_bound(graph), upper, 0.05),
+                          time.perf_counter() + TL, 0.0, 1, Progress(None, 0.0))
     assert probes.optimal
     monkeypatch.setattr(milp, "_free_cores", lambda: 0.0)
     res = solve_milp(problem, time_limit=TL, threads=2)

@@ -26,6 +26,23 @@ from optpipe.simulator import simulate
 GRID = [(4, 4), (4, 8), (4, 12), (4, 16), (8, 16)]
 
 
+def _row(spec: str) -> tuple[int, int, float, float]:
+    """``--only``'s ``S,M,W,k``, or an argparse error naming what is wrong."""
+    parts = spec.split(",")
+    try:
+        if len(parts) != 4:
+            raise ValueError
+        row = (int(parts[0]), int(parts[1]), float(parts[2]), float(parts[3]))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{spec!r} is not S,M,W,k (stages, microbatches, W's duration, budget in "
+            f"activations), e.g. 8,16,0.5,4") from None
+    if row[0] < 1 or row[1] < 1 or row[2] < 0 or row[3] <= 0:
+        raise argparse.ArgumentTypeError(f"{spec!r}: stages and microbatches must be at "
+                                         f"least 1, W at least 0 and the budget positive")
+    return row
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--time-limit", type=float, default=60.0)
@@ -34,8 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--p2p", type=float, default=0.0,
                     help="p2p latency in seconds (0.05: scripts/bench_solver.py's problem)")
-    ap.add_argument("--only", action="append", default=[],
-                    help="S,M,W,k (repeatable), e.g. 8,16,0.5,4")
+    ap.add_argument("--only", action="append", default=[], type=_row,
+                    help="S,M,W,k (repeatable), e.g. 8,16,0.5,4: stages, microbatches, "
+                         "W's duration, budget in activations")
     ap.add_argument("--issue-example", action="store_true",
                     help="the issue's irregular costs (8x16, budgets 4 and 16) instead")
     args = ap.parse_args(argv)
@@ -43,9 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         return _issue_example(args)
     rows = []
     if args.only:
-        for spec in args.only:
-            S, M, W, k = spec.split(",")
-            rows.append((int(S), int(M), float(W), float(k)))
+        rows = list(args.only)
     else:
         for S, M in GRID:
             for W in (1.0, 0.5):
