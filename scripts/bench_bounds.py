@@ -51,6 +51,7 @@ import os
 import sys
 import time
 
+from benchargs import parse_size  # noqa: E402
 from bench_solver import ROOT, bench_problem  # also puts the repository on sys.path
 
 from optpipe.optimizer.cpsat import solve_cpsat  # noqa: E402
@@ -73,11 +74,6 @@ OFFLOAD_PRESETS = [
     ("gpt-14.6b, 8 x H100 (`--stages 8 --mem 40GB`)", "gpt-14.6b", "h100-80gb", 8, "40GB"),
 ]
 SIZES = [(s, m) for s in (4, 8, 16) for m in (16, 32, 64)]
-
-
-def _size(text: str) -> tuple[int, int]:
-    s, m = text.split("x")
-    return int(s), int(m)
 
 
 def _soundness(seeds: int, threads: int) -> str:
@@ -253,10 +249,10 @@ def main(argv: list[str] | None = None) -> int:
         _report(args, f"--small {args.small} --small-time {args.small_time:g}",
                 "F = B = W = 1 s, p2p 0.05 s; the bounds and CP-SAT as the driver has them",
                 (SMALL_START, SMALL_END),
-                _small([_size(x) for x in args.small.split(",") if x], args.small_time,
+                _small([parse_size(x) for x in args.small.split(",") if x], args.small_time,
                        args.threads))
         return 0
-    prove = {_size(x) for x in args.prove.split(",") if x}
+    prove = {parse_size(x) for x in args.prove.split(",") if x}
     lines = ["| problem | no-memory bound | memory bound | prefix cuts "
              "| CP-SAT, one stage per device "
              "| V: no-memory → memory | interleaved: no-memory → memory |",

@@ -43,6 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchargs import parse_size  # noqa: E402
 from bench_solver import bench_problem  # noqa: E402
 from docblock import publish  # noqa: E402
 
@@ -172,7 +173,7 @@ def main() -> None:
         if placement not in PLACEMENTS:
             sys.exit(f"unknown placement {placement!r} in --sizes; choose one of "
                      f"{', '.join(PLACEMENTS)}")
-        stages, microbatches = (int(x) for x in size.lower().split("x"))
+        stages, microbatches = parse_size(size)
         cases.append((stages, microbatches, placement,
                       args.largest or (MAX_PIECE if placement == "linear" else 8)))
     table: list[str] = []

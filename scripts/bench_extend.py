@@ -30,6 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchargs import parse_size  # noqa: E402
 from bench_solver import bench_problem  # noqa: E402
 from docblock import publish  # noqa: E402
 
@@ -79,12 +80,17 @@ def main() -> int:
             "half: bound | best extension (gap to the full problem's bound), time |",
             "|---|---|---|---|---|---|---|"]
     for case in filter(None, args.cases.split(",")):
-        size, shape, budget, seconds = case.split(":")
-        stages, microbatches = (int(x) for x in size.split("x"))
-        cells = run(stages, microbatches, shape, float(budget), float(seconds))
-        label = {1.0: "S", 0.5: "S/2", 2.0: "2S"}.get(float(budget), f"{budget} S")
+        try:
+            size, shape, budget, seconds = case.split(":")
+            budget, seconds = float(budget), float(seconds)
+        except ValueError:
+            raise SystemExit(f"error: {case!r} is not SxM:placement:budget:seconds, e.g. "
+                             f"8x64:v:1:15") from None
+        stages, microbatches = parse_size(size)
+        cells = run(stages, microbatches, shape, budget, seconds)
+        label = {1.0: "S", 0.5: "S/2", 2.0: "2S"}.get(budget, f"{budget:g} S")
         row = (f"| {stages} x {microbatches} | {shape} | {label} | "
-               f"{stages} x {microbatches // 2}, {float(seconds):g} s | " + " | ".join(cells) + " |")
+               f"{stages} x {microbatches // 2}, {seconds:g} s | " + " | ".join(cells) + " |")
         print(row, flush=True)
         rows.append(row)
     text = ("Measured with `python scripts/bench_extend.py` on 2 CPU cores, 2 solver "

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchargs import parse_size  # noqa: E402
 from docblock import publish  # noqa: E402
 
 from optpipe.generators import GENERATORS, generate  # noqa: E402
@@ -40,7 +41,7 @@ def make_problem(spec: str) -> Problem:
     """A problem from ``MODEL:HARDWARE:STAGES`` or ``uSxM@K`` (module docstring)."""
     if spec.startswith("u"):
         size, k = spec[1:].split("@")
-        stages, microbatches = (int(x) for x in size.split("x"))
+        stages, microbatches = parse_size(size)
         return uniform_problem(stages, microbatches, p2p=0.05, freed_by_b=0,
                                d2h_bandwidth=2000.0, h2d_bandwidth=2000.0
                                ).activation_budget(float(k))

@@ -34,6 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchargs import parse_size  # noqa: E402
 from bench_solver import bench_problem  # noqa: E402
 from docblock import publish  # noqa: E402
 
@@ -130,7 +131,7 @@ def main() -> int:
         rows = ["| problem | placement | " + " | ".join(f"share {x:g}" for x in SHARES) + " |",
                 "|---|---|" + "---|" * len(SHARES)]
         for spec in args.shares.split(","):
-            rows += share_rows(*(int(v) for v in spec.split("x")))
+            rows += share_rows(*parse_size(spec))
         publish("Measured with `python scripts/bench_listsched.py --presets \"\" --sizes \"\" "
                 f"--shares {args.shares}` (best fitting makespan of ZB-V's eight variants; "
                 "F = B = W = 1 s, p2p 0.05 s).\n\n" + "\n".join(rows), DOC,
@@ -147,7 +148,7 @@ def main() -> int:
                                                        "--mem", "80GB"]))
         lines += row(f"preset, --stages {stages} --mem 80GB", problem)
     for spec in [x for x in args.sizes.split(",") if x]:
-        stages, microbatches = (int(v) for v in spec.split("x"))
+        stages, microbatches = parse_size(spec)
         for label, k in BUDGETS:
             lines += row(f"{stages}×{microbatches} at {label}",
                          bench_problem(stages, microbatches, stages * k, False))

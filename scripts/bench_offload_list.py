@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench_offload_reach import PRESETS as REACH_PRESETS  # noqa: E402
+from benchargs import parse_size  # noqa: E402
 from docblock import publish  # noqa: E402
 
 DOC = ROOT / "docs" / "optimizer-log.md"
@@ -49,7 +50,7 @@ def problem_of(label: str):
     if label.startswith("bench-"):
         from bench_solver import bench_problem
 
-        stages, microbatches = map(int, label[len("bench-"):].split("x"))
+        stages, microbatches = parse_size(label[len("bench-"):])
         return bench_problem(stages, microbatches, stages / 2, False)
     model, hardware, stages, mem = PRESETS[label]
     problem = costmodel.build_problem(model, hardware, stages=stages,

@@ -29,6 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchargs import parse_size  # noqa: E402
 from bench_solver import bench_problem  # noqa: E402
 from docblock import publish  # noqa: E402
 
@@ -103,7 +104,7 @@ def main() -> int:
              + " | ".join(columns) + " | best (gap), placement, plan | took |",
              "|---|---|---|" + "---|" * len(columns) + "---|---|"]
     for spec in [x for x in args.sizes.split(",") if x]:
-        stages, microbatches = (int(v) for v in spec.split("x"))
+        stages, microbatches = parse_size(spec)
         lines.append(row(stages, microbatches, factors, placements, searched,
                          args.seconds))
     text = ("Measured with `python scripts/bench_offload_starts.py` on 2 CPU cores "

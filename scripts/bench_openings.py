@@ -31,6 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchargs import parse_size  # noqa: E402
 from bench_solver import bench_problem  # noqa: E402
 from docblock import publish  # noqa: E402
 
@@ -116,7 +117,7 @@ def main() -> int:
              "tip's idle after it | after the opening | steps, time |",
              "|---|---|---|---|---|---|---|"]
     for size in args.sizes.split(","):
-        stages, microbatches = (int(x) for x in size.split("x"))
+        stages, microbatches = parse_size(size)
         table += rows(stages, microbatches, args.top, args.steps)
     text = ("Measured with `python scripts/bench_openings.py` on 2 CPU cores, 2 solver "
             "threads (the V shape at budget S; F = B = W = 1 s, p2p 0.05 s; up to "

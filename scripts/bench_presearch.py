@@ -29,6 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchargs import parse_size  # noqa: E402
 from bench_solver import bench_problem  # noqa: E402
 from docblock import publish  # noqa: E402
 
@@ -103,7 +104,7 @@ def main() -> int:
     lines = ["| problem | search begins at | " + " | ".join(columns) + " |",
              "|---|---|" + "---|" * len(columns)]
     for spec in args.sizes.split(","):
-        stages, microbatches = (int(v) for v in spec.split("x"))
+        stages, microbatches = parse_size(spec)
         for k in (float(x) for x in args.budgets.split(",")):
             total, spent = measure(bench_problem(stages, microbatches, stages * k, False))
             cells = [f"{spent[c]:.1f} s" if c in spent else "—" for c in columns]

@@ -36,6 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchargs import parse_size  # noqa: E402
 from bench_solver import bench_problem  # noqa: E402
 from docblock import publish  # noqa: E402
 
@@ -132,7 +133,7 @@ def main() -> int:
     args = ap.parse_args()
     from optpipe.optimizer.cpsat import make_hint, solve_cpsat
 
-    stages, microbatches = (int(x) for x in args.size.split("x"))
+    stages, microbatches = parse_size(args.size)
     problem, place, ticks, pool, hint, lower = setup(stages, microbatches, args.placement,
                                                      args.budget)
     label = "S" if args.budget == 1 else "S/2" if args.budget == 0.5 else f"{args.budget:g} S"

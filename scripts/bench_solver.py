@@ -31,6 +31,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchargs import parse_size  # noqa: E402
+
 from optpipe.errors import OptPipeError  # noqa: E402
 from optpipe.problem import Problem, uniform_problem  # noqa: E402
 
@@ -270,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         limit = args.time_limit
         sizes = [(s, m) for s in (4, 8, 16) for m in (16, 32, 64)]
     if args.sizes:
-        sizes = [tuple(int(x) for x in item.split("x")) for item in args.sizes.split(",")]
+        sizes = [parse_size(item) for item in args.sizes.split(",")]
     offloads = {"no": [False], "yes": [True], "both": [False, True]}[args.offload]
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     rows = [] if args.reset else load_data()

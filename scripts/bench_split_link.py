@@ -44,6 +44,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchargs import parse_size  # noqa: E402
 from bench_solver import bench_problem  # noqa: E402
 from docblock import publish  # noqa: E402
 
@@ -146,7 +147,7 @@ def main() -> None:
              "|---|---|---|---|---|---|---|---|"]
     for case in args.cases.split(","):
         size, _, n = case.partition(":")
-        stages, microbatches = (int(x) for x in size.lower().split("x"))
+        stages, microbatches = parse_size(size)
         table.append(row(stages, microbatches, int(n or microbatches // 2),
                          args.hint_seconds, args.cuts_seconds, args.piece_seconds))
     caption = (f"Measured with `python scripts/bench_split_link.py --cases {args.cases} "

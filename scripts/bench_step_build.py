@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench_relaxation import setup  # noqa: E402
+from benchargs import parse_size  # noqa: E402
 from docblock import publish  # noqa: E402
 
 DOC = ROOT / "docs" / "optimizer.md"
@@ -114,7 +115,7 @@ def main() -> int:
              + " | ".join(PHASES) + " | all but the search | models' digest |",
              "|---" * (len(PHASES) + 7) + "|"]
     for size in args.sizes.split(","):
-        stages, microbatches = (int(x) for x in size.lower().split("x"))
+        stages, microbatches = parse_size(size)
         for widen in (float(w) for w in args.widths.split(",")):
             spent, digest, free, variables = measure(stages, microbatches, args.steps,
                                                      args.seed, widen)

@@ -76,6 +76,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchargs import parse_size  # noqa: E402
 from bench_solver import bench_problem  # noqa: E402
 from docblock import publish  # noqa: E402
 
@@ -403,7 +404,7 @@ def main() -> int:
     rows = ["| size | variant | makespan per seed (" + ", ".join(map(str, seeds)) +
             ") | mean |", "|---|---|---|---|"]
     for size in args.sizes.split(","):
-        stages, microbatches = (int(x) for x in size.split("x"))
+        stages, microbatches = parse_size(size)
         for variant in args.variants.split(","):
             found = [run(stages, microbatches, args.placement, variant, seed, args.seconds,
                          args.budget) for seed in seeds]

@@ -32,6 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchargs import parse_size  # noqa: E402
 from bench_solver import bench_problem  # noqa: E402
 from docblock import publish  # noqa: E402
 
@@ -84,7 +85,7 @@ def main() -> int:
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
     def sizes(spec: str) -> list[tuple[int, int]]:
-        return [(int(s.split("x")[0]), int(s.split("x")[1])) for s in spec.split(",") if s]
+        return [parse_size(s) for s in spec.split(",") if s]
 
     columns = [(mode, None, None) for mode in args.modes.split(",") if mode] + \
         [("time", float(w), None) for w in args.widths.split(",") if w] + \
