@@ -2,8 +2,8 @@
 """How close the lower bounds come at half of 1F1B's memory.
 
 For each of the benchmark's problems (``bench_solver.bench_problem`` at budget S/2) it
-prints, one stage per device, the no-memory bound (``preprocess.lower_bound``) and the
-memory round-trip bound (``preprocess.memory_bound``), the prefix cuts' bound
+prints, one stage per device, the no-memory bound (``bounds.lower_bound``) and the
+memory round-trip bound (``bounds.memory_bound``), the prefix cuts' bound
 (``prefix.prefix_cuts`` in ``--cuts-time`` seconds, from 17 microbatches on); the no-memory
 and memory bounds for the V shape and
 interleaved two chunks (whose devices share their room between two stages); and, for
@@ -28,8 +28,8 @@ A bound equal to the optimum says the open gaps of larger cells are the search's
 bound below it says what the bounds miss. The table goes between its own markers.
 
 ``--offload-presets`` (alone, like ``--small``) measures the bounds that hold with
-offload (``preprocess.offload_area_bound``: the kept bytes' area over each device's
-room; ``preprocess.offload_warmup_bound``: the forwards a device can run before its
+offload (``bounds.offload_area_bound``: the kept bytes' area over each device's
+room; ``bounds.offload_warmup_bound``: the forwards a device can run before its
 first backward, with only the host link freeing bytes) on presets whose devices have
 room for one to four activations: per placement, the no-memory bound, the two bounds,
 and the best schedule ``optpipe solve`` finds there with offload in
@@ -54,10 +54,10 @@ import time
 from benchargs import parse_size  # noqa: E402
 from bench_solver import ROOT, bench_problem  # also puts the repository on sys.path
 
+from optpipe.optimizer.bounds import lower_bound, memory_bound  # noqa: E402
 from optpipe.optimizer.cpsat import solve_cpsat  # noqa: E402
 from optpipe.optimizer.prefix import MAX_PIECE, prefix_cuts, truncated_hints  # noqa: E402
-from optpipe.optimizer.preprocess import (fixed_schedules, lower_bound,  # noqa: E402
-                                          memory_bound, task_graph)
+from optpipe.optimizer.preprocess import fixed_schedules, task_graph  # noqa: E402
 from optpipe.schedule import interleaved_placement, v_placement  # noqa: E402
 
 DOC = ROOT / "docs" / "optimizer.md"
@@ -147,7 +147,7 @@ def _offload_presets(seconds: float, threads: int) -> list[str]:
     and under the largest)."""
     from optpipe import costmodel
     from optpipe.optimizer.driver import solve
-    from optpipe.optimizer.preprocess import offload_area_bound, offload_warmup_bound
+    from optpipe.optimizer.bounds import offload_area_bound, offload_warmup_bound
     from optpipe.schedule import searched_placements
     from optpipe.units import parse_bytes
 

@@ -47,7 +47,7 @@ def run(stages: int, microbatches: int, shape: str, budget: float, seconds: floa
     from optpipe.optimizer.candidates import fused_is_faster
     from optpipe.optimizer.warm_starts import chunked_source_hints
     from optpipe.optimizer.extend import extensions
-    from optpipe.optimizer.preprocess import lower_bound, memory_bound
+    from optpipe.optimizer.bounds import lower_bound, memory_bound
     from optpipe.schedule import searched_placements
 
     problem = bench_problem(stages, microbatches, stages * budget, False)

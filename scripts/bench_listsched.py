@@ -10,7 +10,7 @@ driver's set: every generator, capped 1F1B and the greedy list schedules on one 
 per device), the fastest fitting list schedule (every rule and reserve) and, since
 search revision 16, the fastest admission schedule (``listsched.admission_schedules``:
 ZB-V's greedy holding back part of the later chunks' bytes), each with its gap to the
-placement's lower bound (``preprocess.lower_bound`` and ``memory_bound``), and the
+placement's lower bound (``bounds.lower_bound`` and ``memory_bound``), and the
 seconds each family took (building and simulating). Nothing is asserted; the table goes
 to docs/optimizer.md between markers.
 
@@ -55,7 +55,8 @@ def row(label: str, problem) -> list[str]:
     """One line per placement: best fixed, best list schedule, their gaps, seconds."""
     from optpipe.optimizer.cpsat import make_ticks
     from optpipe.optimizer.listsched import admission_schedules, list_schedules
-    from optpipe.optimizer.preprocess import fixed_schedules, lower_bound, memory_bound
+    from optpipe.optimizer.bounds import lower_bound, memory_bound
+    from optpipe.optimizer.preprocess import fixed_schedules
     from optpipe.schedule import placement_name, searched_placements
     from optpipe.simulator import simulate
 

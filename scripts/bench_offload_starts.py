@@ -44,7 +44,8 @@ def row(stages: int, microbatches: int, factors: list[float], placements: list[s
     from optpipe.generators import generate
     from optpipe.optimizer.offload_starts import (offloaded_list_schedules,
                                                   offloaded_searched_plan)
-    from optpipe.optimizer.preprocess import lower_bound, task_graph
+    from optpipe.optimizer.bounds import lower_bound
+    from optpipe.optimizer.preprocess import task_graph
     from optpipe.schedule import searched_placements
     from optpipe.simulator import simulate
 

@@ -62,7 +62,8 @@ def setup(stages: int, microbatches: int, shape: str, budget: float = 1.0):
     from optpipe.optimizer.cpsat import _pick_hint, make_ticks
     from optpipe.optimizer.candidates import hint_pool
     from optpipe.optimizer.warm_starts import add_list_schedules
-    from optpipe.optimizer.preprocess import fixed_schedules, lower_bound, memory_bounds
+    from optpipe.optimizer.bounds import lower_bound, memory_bounds
+    from optpipe.optimizer.preprocess import fixed_schedules
     from optpipe.schedule import searched_placements
 
     problem = bench_problem(stages, microbatches, stages * budget, False)

@@ -191,7 +191,8 @@ def _tip_step(decompose, problem, ticks, best, deadline: float, threads: int):
     """``best`` after one step that starts the warm-up bound's first backward as early
     as it can, the makespan no longer (the ``tip-first`` variant)."""
     from optpipe.optimizer.cpsat import _extract, build_order_model, make_hint, new_solver
-    from optpipe.optimizer.preprocess import earliest_starts, first_backward_terms
+    from optpipe.optimizer.bounds import first_backward_terms
+    from optpipe.optimizer.preprocess import earliest_starts
     from ortools.sat.python import cp_model
 
     graph = ticks.graph

@@ -24,9 +24,9 @@ from optpipe.optimizer.decompose import (COOLDOWN_STEPS, OPENING_STARTS, SEARCH_
                                          _Stepper, _window_start, first_width, idle_gaps,
                                          pinned_windows, started_within,
                                          time_window_search)
+from optpipe.optimizer.bounds import lower_bound, memory_bounds
 from optpipe.optimizer.preprocess import (earliest_starts, fixed_schedules, graph_placement,
-                                          latest_starts, lower_bound, memory_bounds,
-                                          memory_implied_orders)
+                                          latest_starts, memory_implied_orders)
 from optpipe.optimizer.result import OPTIMAL
 from optpipe.problem import Problem, uniform_problem
 from optpipe.schedule import Schedule, searched_placements

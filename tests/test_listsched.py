@@ -20,7 +20,8 @@ from optpipe.generators.listsched import Policy
 from optpipe.generators.zbv import VARIANTS
 from optpipe.optimizer.listsched import (ADMISSION_KEEP, RULES, admission_schedules,
                                           list_schedule, list_schedules)
-from optpipe.optimizer.preprocess import FixedSet, earliest_starts, lower_bound, task_graph
+from optpipe.optimizer.bounds import lower_bound
+from optpipe.optimizer.preprocess import FixedSet, earliest_starts, task_graph
 from optpipe.problem import uniform_problem
 from optpipe.schedule import (Op, from_orders, interleaved_placement, linear_placement,
                               v_placement)

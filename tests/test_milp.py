@@ -199,7 +199,8 @@ def test_horizon_probes_prove_a_memory_bound_pipeline() -> None:
     """4 x 8 at two activations with p2p: the probes alone prove CP-SAT's optimum."""
     from optpipe.optimizer.cpsat import solve_cpsat
     from optpipe.optimizer.milp_run import Probes, Progress, probe_search
-    from optpipe.optimizer.preprocess import fixed_schedules, lower_bound, task_graph
+    from optpipe.optimizer.bounds import lower_bound
+    from optpipe.optimizer.preprocess import fixed_schedules, task_graph
 
     problem = uniform_problem(4, 8, backward_weight=1.0, p2p=0.05).activation_budget(2)
     exact = solve_cpsat(problem, time_limit=TL, decompose=False)
@@ -342,7 +343,8 @@ def test_runs_with_other_thread_counts_in_one_process(monkeypatch) -> None:
     scheduler: both must still prove the optimum."""
     from optpipe.optimizer import milp
     from optpipe.optimizer.milp_run import Probes, Progress, probe_search
-    from optpipe.optimizer.preprocess import lower_bound, sequential_schedule, task_graph
+    from optpipe.optimizer.bounds import lower_bound
+    from optpipe.optimizer.preprocess import sequential_schedule, task_graph
 
     problem = uniform_problem(3, 4, backward_weight=1.0, p2p=0.05).activation_budget(2)
     graph = task_graph(problem)

@@ -22,7 +22,8 @@ from optpipe.optimizer.driver import solve
 from optpipe.optimizer.offload_list import (VARIANTS, RandomizedSearch,
                                             offload_list_schedule, offload_list_schedules)
 from optpipe.optimizer.offload_starts import offloaded_list_schedules
-from optpipe.optimizer.preprocess import earliest_starts, lower_bound, task_graph
+from optpipe.optimizer.bounds import lower_bound
+from optpipe.optimizer.preprocess import earliest_starts, task_graph
 from optpipe.schedule import Op
 from optpipe.simulator import simulate
 from test_listsched import PLACEMENTS

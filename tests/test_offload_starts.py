@@ -21,7 +21,8 @@ from optpipe.optimizer.driver import solve
 from optpipe.optimizer.listsched import list_schedule, list_schedules
 from optpipe.optimizer.offload_starts import (FACTORS, PLAN_SEEDS, offloaded_list_schedules,
                                               offloaded_searched_plan, relaxed)
-from optpipe.optimizer.preprocess import lower_bound, task_graph
+from optpipe.optimizer.bounds import lower_bound
+from optpipe.optimizer.preprocess import task_graph
 from optpipe.problem import uniform_problem
 from optpipe.schedule import Op, interleaved_placement, linear_placement, v_placement
 from optpipe.simulator import simulate

@@ -5,13 +5,12 @@ from __future__ import annotations
 import pytest
 
 from optpipe.errors import OptPipeError
+from optpipe.optimizer.bounds import (lower_bound, memory_bound, offload_area_bound,
+                                      offload_warmup_bound, preemptive_single_machine)
 from optpipe.optimizer.preprocess import (canonical_form, capped_1f1b, choose_scale,
                                           earliest_starts, fixed_schedules, greedy_schedule,
-                                          latest_starts, lower_bound, memory_bound,
-                                          memory_implied_orders, min_budgets,
-                                          offload_area_bound, offload_warmup_bound,
-                                          preemptive_single_machine, sequential_schedule,
-                                          tails, task_graph)
+                                          latest_starts, memory_implied_orders, min_budgets,
+                                          sequential_schedule, tails, task_graph)
 from optpipe.problem import Problem, uniform_problem
 from optpipe.schedule import Op, interleaved_placement, v_placement
 from optpipe.simulator import simulate
@@ -279,7 +278,7 @@ def test_forward_room_is_the_best_fit(seed: int) -> None:
     import itertools
     import random
 
-    from optpipe.optimizer.preprocess import _forward_room
+    from optpipe.optimizer.bounds import _forward_room
 
     rng = random.Random(seed)
     forwards = [(rng.choice([0.5, 1.0, 1.5]), rng.choice([0, 1, 2, 3]))
@@ -298,7 +297,7 @@ def test_warm_up_bound_is_the_optimum_at_1f1b_memory() -> None:
     where the no-memory and round-trip bounds stop at 25.65 s (docs/optimizer.md,
     the small-cell table)."""
     from optpipe.optimizer.cpsat import solve_cpsat
-    from optpipe.optimizer.preprocess import memory_bounds
+    from optpipe.optimizer.bounds import memory_bounds
 
     problem = uniform_problem(4, 8, forward=1.0, backward_input=1.0, backward_weight=1.0,
                               p2p=0.05, activation=2, freed_by_b=1).activation_budget(4)
@@ -317,7 +316,7 @@ def test_warm_up_bound_never_exceeds_a_proven_optimum() -> None:
     trip's earliest starts) against CP-SAT's proven optimum; it must rise above the
     no-memory bound somewhere, or this checks nothing."""
     from optpipe.optimizer.cpsat import solve_cpsat
-    from optpipe.optimizer.preprocess import memory_bounds
+    from optpipe.optimizer.bounds import memory_bounds
 
     above = 0
     for seed in range(8):
@@ -500,7 +499,7 @@ def test_byte_sums_are_every_sum_of_whole_forwards_in_the_window() -> None:
     import itertools
     import random
 
-    from optpipe.optimizer.preprocess import _byte_sums
+    from optpipe.optimizer.bounds import _byte_sums
     rng = random.Random(3)
     for _ in range(100):
         sizes = [rng.choice([3.0, 5.0, 7.5, 10.0]) for _ in range(rng.choice([1, 2, 3]))]

@@ -11,7 +11,8 @@ import pytest
 from optpipe.optimizer.cpsat import solve_cpsat, solve_reach
 from optpipe.optimizer.extend import first_microbatches
 from optpipe.optimizer.prefix import PrefixCuts, ladder, prefix_cuts
-from optpipe.optimizer.preprocess import fixed_schedules, memory_bound, task_graph
+from optpipe.optimizer.bounds import memory_bound
+from optpipe.optimizer.preprocess import fixed_schedules, task_graph
 from optpipe.problem import Problem, uniform_problem
 from optpipe.schedule import Op, linear_placement, v_placement
 from optpipe.simulator import simulate

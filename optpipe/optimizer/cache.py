@@ -61,7 +61,7 @@ _PACKAGE = Path(__file__).resolve().parent.parent
 #: and with offload one stage per device keeps its no-memory bound; 23: CP-SAT's plans
 #: for the looser budgets tried again with other random seeds,
 #: :data:`~.offload_starts.PLAN_SEEDS`, and with offload a bound from the kept bytes'
-#: area, :func:`~.preprocess.offload_area_bound`, which skips one stage per device's
+#: area, :func:`~.bounds.offload_area_bound`, which skips one stage per device's
 #: offload model where it cannot win, and that model's OFFLOADs may hold the device
 #: back, so held-back schedules are its hints; 24: one stage per device's prefix cuts
 #: also solve pieces of half the microbatches, with the smaller pieces' cuts in their

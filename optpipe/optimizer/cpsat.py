@@ -41,10 +41,10 @@ from ortools.sat.python import cp_model
 
 from optpipe.memory.accounting import transfer_bytes
 from optpipe.optimizer.extract import orders_from_starts, reload_positions
+from optpipe.optimizer.bounds import lower_bound, memory_bounds
 from optpipe.optimizer.preprocess import (Key, TaskGraph, asap_ticks, canonical_form,
                                           choose_scale, earliest_starts, graph_placement,
-                                          latest_starts, lower_bound, memory_bounds,
-                                          memory_implied_orders, task_graph)
+                                          latest_starts, memory_implied_orders, task_graph)
 from optpipe.optimizer.result import (ERROR, FEASIBLE, INFEASIBLE, OPTIMAL, UNKNOWN,
                                       EngineResult, ProgressFn, relative_gap)
 from optpipe.problem import Problem

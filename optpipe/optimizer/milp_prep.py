@@ -16,7 +16,7 @@ further, specifically for the MILP (see ``docs/milp.md``):
   before ``b``'s latest start is ordered ``b`` then ``a``; each new order tightens the
   windows, so the two are propagated to a fixpoint;
 * **lower bounds** on the makespan (critical path and Carlier's one-machine bound per
-  device with the heads and tails above, ``preprocess.preemptive_single_machine``; with
+  device with the heads and tails above, ``bounds.preemptive_single_machine``; with
   the memory-implied orders this counts the idle time a memory-bound warm-up forces);
 * **warm starts** — a small greedy list scheduler (several priority rules) that always
   has a memory-feasible answer, used beside the shared fixed schedules.
@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from optpipe.errors import InfeasibleError
-from optpipe.optimizer.preprocess import (Key, TaskGraph, memory_bound,
-                                          preemptive_single_machine)
+from optpipe.optimizer.bounds import memory_bound, preemptive_single_machine
+from optpipe.optimizer.preprocess import Key, TaskGraph
 from optpipe.problem import Problem
 from optpipe.schedule import Action, Op, Schedule, linear_placement
 

@@ -17,9 +17,9 @@ from typing import Sequence
 
 from optpipe.errors import OptPipeError
 from optpipe.optimizer.candidates import fitting_on, fused_is_faster
-from optpipe.optimizer.preprocess import (FixedSet, lower_bound, memory_bound,
-                                          offload_area_bound, offload_warmup_bound,
-                                          task_graph)
+from optpipe.optimizer.bounds import (lower_bound, memory_bound, offload_area_bound,
+                                      offload_warmup_bound)
+from optpipe.optimizer.preprocess import FixedSet, task_graph
 from optpipe.problem import Problem
 from optpipe.schedule import linear_placement, searched_placements
 
@@ -47,8 +47,8 @@ class Space:
     # the no-memory bound of every placement and would rank none ahead
     order_bound: float = 0.0
     # what holds with offload: the largest of its no-memory bound, the kept bytes' area
-    # over its room (:func:`~.preprocess.offload_area_bound`) and the warm-up's with the
-    # host link (:func:`~.preprocess.offload_warmup_bound`)
+    # over its room (:func:`~.bounds.offload_area_bound`) and the warm-up's with the
+    # host link (:func:`~.bounds.offload_warmup_bound`)
     offload_bound: float = 0.0
 
     @property
@@ -97,7 +97,7 @@ def placement_spaces(problem: Problem, split_backward: bool, fixed: FixedSet,
     saving, and fused schedules (1F1B-like) may then be the fastest.
 
     Without offload, each placement starts from its memory round-trip bound
-    (:func:`~.preprocess.memory_bound`), which at tight budgets is above its no-memory
+    (:func:`~.bounds.memory_bound`), which at tight budgets is above its no-memory
     bound (far above for one stage per device).
     """
     faster = fused_is_faster(problem)
@@ -157,8 +157,8 @@ def bound_with_offload(space: Space, linear: float) -> float:
     The order models' proofs do not cover offload, which fixed schedules may use on any
     placement (pipeoffload builds on ZB-V too): the chunked placements keep their
     bounds that hold with offload (``offload_bound``: no-memory, the kept bytes' area,
-    :func:`~.preprocess.offload_area_bound`, or the warm-up's,
-    :func:`~.preprocess.offload_warmup_bound`), and one stage per device keeps
+    :func:`~.bounds.offload_area_bound`, or the warm-up's,
+    :func:`~.bounds.offload_warmup_bound`), and one stage per device keeps
     ``linear`` (that, or the value its order model proved optimal at that bound). Not
     the offload model's bound: in that model an OFFLOAD that holds its device back
     (``wait``) comes right after its F, and one listed later, holding back a later

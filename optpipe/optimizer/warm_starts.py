@@ -23,8 +23,8 @@ from optpipe.optimizer import cache as cache_mod
 from optpipe.optimizer.candidates import (add_fitting, bar_to_beat, best_listed,
                                           fastest_in_hand, fitting_on, fused_is_faster)
 from optpipe.optimizer.prefix import PrefixCuts
-from optpipe.optimizer.preprocess import (Candidate, FixedSet, fixed_schedules,
-                                          lower_bound, memory_bound, task_graph)
+from optpipe.optimizer.bounds import lower_bound, memory_bound
+from optpipe.optimizer.preprocess import Candidate, FixedSet, fixed_schedules, task_graph
 from optpipe.optimizer.result import EngineResult
 from optpipe.optimizer.spaces import (build_seconds, expected_overrun, memory_lifts,
                                       placement_spaces, searched_shapes)
