@@ -30,8 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchargs import parse_size  # noqa: E402
 from bench_solver import bench_problem  # noqa: E402
+from benchargs import parse_size  # noqa: E402
 from docblock import publish  # noqa: E402
 
 DOC = ROOT / "docs" / "optimizer-log.md"
@@ -43,11 +43,11 @@ CASES = ("8x64:v:1:30,8x64:v:1:15,8x64:interleaved:1:15,8x32:v:1:15,4x32:v:1:15,
 def run(stages: int, microbatches: int, shape: str, budget: float, seconds: float
         ) -> list[str]:
     """One case: the half's makespan and bound, the best extension and its gap."""
-    from optpipe.optimizer.cpsat import make_ticks, solve_cpsat
-    from optpipe.optimizer.candidates import fused_is_faster
-    from optpipe.optimizer.warm_starts import chunked_source_hints
-    from optpipe.optimizer.extend import extensions
     from optpipe.optimizer.bounds import lower_bound, memory_bound
+    from optpipe.optimizer.candidates import fused_is_faster
+    from optpipe.optimizer.cpsat import make_ticks, solve_cpsat
+    from optpipe.optimizer.extend import extensions
+    from optpipe.optimizer.warm_starts import chunked_source_hints
     from optpipe.schedule import searched_placements
 
     problem = bench_problem(stages, microbatches, stages * budget, False)

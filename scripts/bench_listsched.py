@@ -34,8 +34,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchargs import parse_size  # noqa: E402
 from bench_solver import bench_problem  # noqa: E402
+from benchargs import parse_size  # noqa: E402
 from docblock import publish  # noqa: E402
 
 DOC = ROOT / "docs" / "optimizer.md"
@@ -53,9 +53,9 @@ def _cell(makespan: float | None, bound: float) -> str:
 
 def row(label: str, problem) -> list[str]:
     """One line per placement: best fixed, best list schedule, their gaps, seconds."""
+    from optpipe.optimizer.bounds import lower_bound, memory_bound
     from optpipe.optimizer.cpsat import make_ticks
     from optpipe.optimizer.listsched import admission_schedules, list_schedules
-    from optpipe.optimizer.bounds import lower_bound, memory_bound
     from optpipe.optimizer.preprocess import fixed_schedules
     from optpipe.schedule import placement_name, searched_placements
     from optpipe.simulator import simulate

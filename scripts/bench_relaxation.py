@@ -36,8 +36,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchargs import parse_size  # noqa: E402
 from bench_solver import bench_problem  # noqa: E402
+from benchargs import parse_size  # noqa: E402
 from docblock import publish  # noqa: E402
 
 DOC = ROOT / "docs" / "optimizer-log.md"
@@ -59,11 +59,11 @@ def setup(stages: int, microbatches: int, shape: str, budget: float = 1.0):
     placement, the best fitting start as a hint (the driver's: fixed and list
     schedules), and the placement's memory bound in ticks. Shared with
     ``bench_step_build.py``."""
-    from optpipe.optimizer.cpsat import _pick_hint, make_ticks
-    from optpipe.optimizer.candidates import hint_pool
-    from optpipe.optimizer.warm_starts import add_list_schedules
     from optpipe.optimizer.bounds import lower_bound, memory_bounds
+    from optpipe.optimizer.candidates import hint_pool
+    from optpipe.optimizer.cpsat import _pick_hint, make_ticks
     from optpipe.optimizer.preprocess import fixed_schedules
+    from optpipe.optimizer.warm_starts import add_list_schedules
     from optpipe.schedule import searched_placements
 
     problem = bench_problem(stages, microbatches, stages * budget, False)

@@ -32,8 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchargs import parse_size  # noqa: E402
 from bench_solver import bench_problem  # noqa: E402
+from benchargs import parse_size  # noqa: E402
 from docblock import publish  # noqa: E402
 
 from optpipe.optimizer import cpsat, decompose  # noqa: E402
@@ -46,9 +46,9 @@ MODES = {"full": False, "microbatch": True, "time": None}
 def run(stages: int, microbatches: int, budget: float, mode: str, seconds: float,
         width: float | None = None, share: float | None = None) -> str:
     """One solve on the V shape; its makespan and its gap to the memory bounds."""
+    from optpipe.optimizer.bounds import lower_bound, memory_bound
     from optpipe.optimizer.candidates import hint_pool
     from optpipe.optimizer.cpsat import make_ticks, solve_cpsat
-    from optpipe.optimizer.bounds import lower_bound, memory_bound
     from optpipe.optimizer.preprocess import fixed_schedules
     from optpipe.schedule import v_placement
     from optpipe.simulator import simulate

@@ -10,8 +10,8 @@ import pytest
 
 from optpipe.errors import InfeasibleError, OptPipeError
 from optpipe.optimizer import driver
-from optpipe.optimizer.driver import CACHED, solve
 from optpipe.optimizer.bounds import memory_bound
+from optpipe.optimizer.driver import CACHED, solve
 from optpipe.optimizer.preprocess import fixed_schedules, task_graph
 from optpipe.problem import uniform_problem
 from optpipe.simulator import simulate

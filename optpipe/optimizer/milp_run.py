@@ -171,8 +171,9 @@ def _run_highs_portfolio(tasks: list[Task], deadline: float, gap: float, threads
         run = jobs[0].run(deadline, threads, report, tasks[0].options)
         run.model = tasks[0].model
         return run
-    import pyomo.environ as pyo
     from queue import Empty
+
+    import pyomo.environ as pyo
 
     ctx = mp.get_context("fork")
     queue = ctx.Queue()

@@ -16,9 +16,9 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 from optpipe.errors import OptPipeError
-from optpipe.optimizer.candidates import fitting_on, fused_is_faster
 from optpipe.optimizer.bounds import (lower_bound, memory_bound, offload_area_bound,
                                       offload_warmup_bound)
+from optpipe.optimizer.candidates import fitting_on, fused_is_faster
 from optpipe.optimizer.preprocess import FixedSet, task_graph
 from optpipe.problem import Problem
 from optpipe.schedule import linear_placement, searched_placements

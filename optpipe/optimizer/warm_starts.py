@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Callable
 
 from optpipe.errors import OptPipeError
 from optpipe.optimizer import cache as cache_mod
+from optpipe.optimizer.bounds import lower_bound, memory_bound
 from optpipe.optimizer.candidates import (add_fitting, bar_to_beat, best_listed,
                                           fastest_in_hand, fitting_on, fused_is_faster)
 from optpipe.optimizer.prefix import PrefixCuts
-from optpipe.optimizer.bounds import lower_bound, memory_bound
 from optpipe.optimizer.preprocess import Candidate, FixedSet, fixed_schedules, task_graph
 from optpipe.optimizer.result import EngineResult
 from optpipe.optimizer.spaces import (build_seconds, expected_overrun, memory_lifts,
