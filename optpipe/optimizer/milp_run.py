@@ -37,7 +37,7 @@ class Task:
     warm: bool
     options: dict[str, Any]
     restricted: Optional[float] = None
-    probes: Optional["Probes"] = None     # a horizon-probe search instead of one model
+    probes: Optional[Probes] = None     # a horizon-probe search instead of one model
 
 
 @dataclass
@@ -57,7 +57,7 @@ class Run:
 
 
 def run_solver(tasks: list[Task], solver: str, deadline: float, gap: float,
-               threads: int, report: "Progress") -> Run:
+               threads: int, report: Progress) -> Run:
     """Solve until ``deadline`` (a ``time.perf_counter()`` instant)."""
     if solver == "highs":
         return _run_highs_portfolio(tasks, deadline, gap, threads, report)
@@ -151,7 +151,7 @@ PORTFOLIO = ({"random_seed": 0}, {"random_seed": 1, "mip_heuristic_effort": 0.02
 
 
 def _run_highs_portfolio(tasks: list[Task], deadline: float, gap: float, threads: int,
-                         report: "Progress") -> Run:
+                         report: Progress) -> Run:
     """Run HiGHS searches in parallel, one per core, and combine what they prove.
 
     Why: HiGHS's branch-and-bound is essentially sequential, and the time it needs to
@@ -463,7 +463,7 @@ def _highs_cb(name: str) -> Any:
 
 
 def _run_gurobi(model: DisjunctiveModel, time_limit: float, gap: float, threads: int,
-                report: "Progress", warm: bool) -> Run:
+                report: Progress, warm: bool) -> Run:
     """Gurobi through Pyomo's ``gurobi_persistent`` interface, with the MIP start.
 
     A size-limited license (the one pip's gurobipy carries) rejects models over 2000
