@@ -27,6 +27,7 @@ once as now::
 
     python scripts/bench_offload_search.py
     python scripts/bench_offload_search.py --no-write --cases 16stage-40GB
+    python scripts/bench_offload_search.py --now-only --cases 8stage-40GB,16stage-40GB --seconds 600
 
 The tables of revision 30's item in docs/optimizer-log.md (revision 29 against 30) were
 measured with this script at f4db9b2 and 1bc0eb6, those of revision 31's item (30
@@ -160,6 +161,9 @@ def main() -> None:
                     help=f"with --strategies, comma-separated, of {', '.join(KINDS)}")
     ap.add_argument("--seeds", default=",".join(map(str, SEEDS)),
                     help="with --strategies, comma-separated random seeds (default 0,1,2)")
+    ap.add_argument("--now-only", action="store_true",
+                    help="without --strategies: only the current search, not revision 31's "
+                         "beside it (printed, not written: the table keeps both)")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
     if args.strategies:
@@ -191,13 +195,14 @@ def main() -> None:
     for label in args.cases.split(","):
         if label not in PRESETS:
             raise SystemExit(f"unknown case {label!r}; known: {', '.join(PRESETS)}")
-        for now in (False, True):
+        for now in ((True,) if args.now_only else (False, True)):
             table.append(driver_row(label, now, args.seconds))
     caption = (f"Measured with `python scripts/bench_offload_search.py --seconds "
                f"{args.seconds:g}` ({time.strftime('%Y-%m-%d')}, 2 cores, 2 solver "
                "threads, one run each; presets as `optpipe solve --model M --hardware H "
                "--stages S --mem X --no-cache`).")
-    publish(caption + "\n\n" + "\n".join(table), DOC, *DRIVER, write=not args.no_write)
+    publish(caption + "\n\n" + "\n".join(table), DOC, *DRIVER,
+            write=not (args.no_write or args.now_only))
 
 
 if __name__ == "__main__":
