@@ -197,7 +197,9 @@ def main() -> None:
             raise SystemExit(f"unknown case {label!r}; known: {', '.join(PRESETS)}")
         for now in ((True,) if args.now_only else (False, True)):
             table.append(driver_row(label, now, args.seconds))
-    caption = (f"Measured with `python scripts/bench_offload_search.py --seconds "
+    flags = (" --now-only" if args.now_only else "") + (
+        f" --cases {args.cases}" if args.cases != ",".join(PRESETS) else "")
+    caption = (f"Measured with `python scripts/bench_offload_search.py{flags} --seconds "
                f"{args.seconds:g}` ({time.strftime('%Y-%m-%d')}, 2 cores, 2 solver "
                "threads, one run each; presets as `optpipe solve --model M --hardware H "
                "--stages S --mem X --no-cache`).")
