@@ -61,7 +61,9 @@ def attempt(problem, schedule, seconds: float, cuts, probe: bool) -> tuple[str, 
     on its placement and a schedule found would be a shorter one."""
     from ortools.sat.python import cp_model
 
-    from optpipe.optimizer.cpsat import build_order_model, make_hint, make_ticks, new_solver
+    from optpipe.optimizer.cpsat import new_solver
+    from optpipe.optimizer.cpsat_model import make_hint, make_ticks
+    from optpipe.optimizer.cpsat_order import build_order_model
 
     t0 = time.monotonic()
     place = list(schedule.placement)

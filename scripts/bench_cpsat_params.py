@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 from bench_solver import bench_problem  # noqa: E402
 from docblock import publish  # noqa: E402
 
-from optpipe.optimizer import cpsat  # noqa: E402
+from optpipe.optimizer import cpsat, cpsat_model, cpsat_order  # noqa: E402
 
 DOC = ROOT / "docs" / "optimizer.md"
 START, END = "<!-- cpsat-params:start -->", "<!-- cpsat-params:end -->"
@@ -60,7 +60,7 @@ def _hints(problem):
 def _model_inputs(problem, placement):
     """Ticks, the best fixed schedule as the hint, and the memory bound in ticks: what
     ``solve_cpsat`` builds its order model from."""
-    ticks = cpsat.make_ticks(problem, True, False, (1.0,), placement)
+    ticks = cpsat_model.make_ticks(problem, True, False, (1.0,), placement)
     hint = cpsat._pick_hint(problem, ticks, False, (1.0,), _hints(problem))
     free = cpsat.lower_bound(ticks.graph)
     lower = int(math.ceil(max(cpsat.memory_bounds(ticks.graph, free)) - 1e-9))
@@ -76,8 +76,8 @@ def _cpsat_wall(stages: int, microbatches: int, budget: float, limit: float,
     problem = _problem(stages, microbatches, budget)
     ticks, hint, lower = _model_inputs(problem, searched_placements(stages)["v"])
     fixed = [[k for k in seq if k[2] >= 8] for seq in hint.order] if window else None
-    builder, _ = cpsat.build_order_model(problem, ticks, hint.makespan, lower, hint,
-                                         fixed_order=fixed)
+    builder, _ = cpsat_order.build_order_model(problem, ticks, hint.makespan, lower, hint,
+                                               fixed_order=fixed)
     builder.add_hints()
     solver = cpsat.new_solver(limit, 2)
     start = time.monotonic()

@@ -45,7 +45,8 @@ def run(stages: int, microbatches: int, shape: str, budget: float, seconds: floa
     """One case: the half's makespan and bound, the best extension and its gap."""
     from optpipe.optimizer.bounds import lower_bound, memory_bound
     from optpipe.optimizer.candidates import fused_is_faster
-    from optpipe.optimizer.cpsat import make_ticks, solve_cpsat
+    from optpipe.optimizer.cpsat import solve_cpsat
+    from optpipe.optimizer.cpsat_model import make_ticks
     from optpipe.optimizer.extend import extensions
     from optpipe.optimizer.warm_starts import chunked_source_hints
     from optpipe.schedule import searched_placements

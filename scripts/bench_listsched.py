@@ -54,7 +54,7 @@ def _cell(makespan: float | None, bound: float) -> str:
 def row(label: str, problem) -> list[str]:
     """One line per placement: best fixed, best list schedule, their gaps, seconds."""
     from optpipe.optimizer.bounds import lower_bound, memory_bound
-    from optpipe.optimizer.cpsat import make_ticks
+    from optpipe.optimizer.cpsat_model import make_ticks
     from optpipe.optimizer.listsched import admission_schedules, list_schedules
     from optpipe.optimizer.preprocess import fixed_schedules
     from optpipe.schedule import placement_name, searched_placements

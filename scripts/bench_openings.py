@@ -54,8 +54,8 @@ def policy_runs(problem, place):
 def rows(stages: int, microbatches: int, top: int, steps: int) -> list[str]:
     """One size's table rows: the ``top`` fastest starts, each with its opening."""
     from optpipe.optimizer import decompose
-    from optpipe.optimizer.cpsat import make_hint, make_ticks
     from optpipe.optimizer.bounds import first_backward_terms, lower_bound, memory_bounds
+    from optpipe.optimizer.cpsat_model import make_hint, make_ticks
     from optpipe.optimizer.preprocess import earliest_starts
     from optpipe.schedule import from_orders, searched_placements
 

@@ -7,7 +7,7 @@ run each, on the benchmark's problem (``bench_solver.bench_problem``: F = B = W 
 p2p 0.05 s):
 
 * **relaxations** that keep the capacity (one task at a time, memory) of some devices
-  only (``cpsat.build_order_model(..., capacity=)``): the others' tasks just pass the
+  only (``cpsat_order.build_order_model(..., capacity=)``): the others' tasks just pass the
   dependencies on, so each optimum is a lower bound for the whole problem. If a few
   devices already forced more than the bound, the bound would be the weak side;
 * **warm-up windows**: from the schedule a minute's search on the placement returns
@@ -61,7 +61,8 @@ def setup(stages: int, microbatches: int, shape: str, budget: float = 1.0):
     ``bench_step_build.py``."""
     from optpipe.optimizer.bounds import lower_bound, memory_bounds
     from optpipe.optimizer.candidates import hint_pool
-    from optpipe.optimizer.cpsat import _pick_hint, make_ticks
+    from optpipe.optimizer.cpsat import _pick_hint
+    from optpipe.optimizer.cpsat_model import make_ticks
     from optpipe.optimizer.preprocess import fixed_schedules
     from optpipe.optimizer.warm_starts import add_list_schedules
     from optpipe.schedule import searched_placements
@@ -80,7 +81,8 @@ def setup(stages: int, microbatches: int, shape: str, budget: float = 1.0):
 def relaxation(problem, ticks, hint, lower: int, keep: list[int], seconds: float
                ) -> tuple[str, float, float, float]:
     """CP-SAT on the model with only ``keep``'s capacity: status, best, bound, time."""
-    from optpipe.optimizer.cpsat import build_order_model, new_solver
+    from optpipe.optimizer.cpsat import new_solver
+    from optpipe.optimizer.cpsat_order import build_order_model
 
     builder, _ = build_order_model(problem, ticks, hint.makespan, lower, hint,
                                    capacity=keep)
@@ -132,7 +134,8 @@ def main() -> int:
                     help="seconds of the search whose schedule the windows start from")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
-    from optpipe.optimizer.cpsat import make_hint, solve_cpsat
+    from optpipe.optimizer.cpsat import solve_cpsat
+    from optpipe.optimizer.cpsat_model import make_hint
 
     stages, microbatches = parse_size(args.size)
     problem, place, ticks, pool, hint, lower = setup(stages, microbatches, args.placement,

@@ -10,7 +10,7 @@ benchmark's problems (``bench_solver.bench_problem``: F = B = W = 1 s, p2p 0.05 
 S, no offload) on the V shape this draws windows as the search does (around idle gaps,
 seeded; the first width and a wider one) on the driver's starting schedule and times each phase of
 ``decompose._Stepper.run``: ``pinned_windows``, ``build_order_model``, ``add_hints``, and
-after a short CP-SAT solve, ``_extract`` + ``make_hint``. The collector's thresholds are
+after a short CP-SAT solve, ``extract_schedule`` + ``make_hint``. The collector's thresholds are
 raised as in the driver (``optimizer.gcpause``).
 
 It also prints a digest of the models it built (their protos, hints included): a
@@ -61,7 +61,7 @@ def measure(stages: int, microbatches: int, steps: int, seed: int, widen: float 
     ``decompose.TIME_WINDOW_RANGE``)."""
     from ortools.sat.python import cp_model
 
-    from optpipe.optimizer import cpsat, decompose
+    from optpipe.optimizer import cpsat, cpsat_model, cpsat_order, decompose
     from optpipe.optimizer.gcpause import fewer_collections
 
     problem, _, ticks, _, hint, _ = setup(stages, microbatches, "v")
@@ -82,7 +82,7 @@ def measure(stages: int, microbatches: int, steps: int, seed: int, widen: float 
             windows = decompose.pinned_windows(g, hint, pinned, free, stepper.implied, at,
                                                stepper.static)
             t1 = time.monotonic()
-            builder, handles = cpsat.build_order_model(
+            builder, handles = cpsat_order.build_order_model(
                 problem, ticks, hint.makespan, 0, hint, fixed_order=pinned, free=free,
                 windows=windows, implied=stepper.implied)
             t2 = time.monotonic()
@@ -94,7 +94,8 @@ def measure(stages: int, microbatches: int, steps: int, seed: int, widen: float 
             code = solver.solve(builder.model)
             t4 = time.monotonic()
             if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-                cpsat.make_hint(cpsat._extract(problem, solver, handles, offload=False), ticks)
+                cpsat_model.make_hint(
+                    cpsat.extract_schedule(problem, solver, handles, offload=False), ticks)
             t5 = time.monotonic()
             for phase, seconds in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, t5 - t4)):
                 spent[phase].append(seconds)

@@ -190,10 +190,13 @@ def _around_one_of(gaps, best, width: int, rng, drawn) -> int:
 def _tip_step(decompose, problem, ticks, best, deadline: float, threads: int):
     """``best`` after one step that starts the warm-up bound's first backward as early
     as it can, the makespan no longer (the ``tip-first`` variant)."""
-    from optpipe.optimizer.cpsat import _extract, build_order_model, make_hint, new_solver
-    from optpipe.optimizer.bounds import first_backward_terms
-    from optpipe.optimizer.preprocess import earliest_starts
     from ortools.sat.python import cp_model
+
+    from optpipe.optimizer.bounds import first_backward_terms
+    from optpipe.optimizer.cpsat import extract_schedule, new_solver
+    from optpipe.optimizer.cpsat_model import make_hint
+    from optpipe.optimizer.cpsat_order import build_order_model
+    from optpipe.optimizer.preprocess import earliest_starts
 
     graph = ticks.graph
     es = earliest_starts(graph)
@@ -215,7 +218,7 @@ def _tip_step(decompose, problem, ticks, best, deadline: float, threads: int):
         print(f"    tip step: {solver.status_name(code)} in {solver.wall_time:.1f} s, "
               f"{len(free)} tasks", flush=True)
         return best
-    found = make_hint(_extract(problem, solver, handles, offload=False), ticks)
+    found = make_hint(extract_schedule(problem, solver, handles, offload=False), ticks)
     print(f"    tip step: first backward {best.times[key][0]} -> {found.times[key][0]} "
           f"ticks, makespan {best.makespan} -> {found.makespan}, {len(free)} tasks, "
           f"{solver.wall_time:.1f} s", flush=True)
@@ -297,10 +300,11 @@ def run(stages: int, microbatches: int, shape: str, variant: str, seed: int,
         seconds: float, budget: float = 1.0) -> float:
     """One run: the makespan CP-SAT alone returns with ``variant`` patched in."""
     from optpipe.optimizer import decompose
-    from optpipe.optimizer.cpsat import make_ticks, solve_cpsat
     from optpipe.optimizer.candidates import hint_pool
-    from optpipe.optimizer.warm_starts import add_list_schedules
+    from optpipe.optimizer.cpsat import solve_cpsat
+    from optpipe.optimizer.cpsat_model import make_ticks
     from optpipe.optimizer.preprocess import fixed_schedules
+    from optpipe.optimizer.warm_starts import add_list_schedules
     from optpipe.schedule import searched_placements
 
     problem = bench_problem(stages, microbatches, stages * budget, False)

@@ -48,7 +48,8 @@ def run(stages: int, microbatches: int, budget: float, mode: str, seconds: float
     """One solve on the V shape; its makespan and its gap to the memory bounds."""
     from optpipe.optimizer.bounds import lower_bound, memory_bound
     from optpipe.optimizer.candidates import hint_pool
-    from optpipe.optimizer.cpsat import make_ticks, solve_cpsat
+    from optpipe.optimizer.cpsat import solve_cpsat
+    from optpipe.optimizer.cpsat_model import make_ticks
     from optpipe.optimizer.preprocess import fixed_schedules
     from optpipe.schedule import v_placement
     from optpipe.simulator import simulate

@@ -16,15 +16,16 @@ import time
 import pytest
 from ortools.sat.python import cp_model
 
-from optpipe.optimizer.cpsat import (CROSS_STAGE_MAX_MICROBATCHES, _extract, _pick_hint,
-                                     _pick_hints, build_order_model, make_hint, make_ticks,
-                                     new_solver, solve_cpsat)
+from optpipe.optimizer.bounds import lower_bound, memory_bounds
+from optpipe.optimizer.cpsat import (_pick_hint, _pick_hints, extract_schedule, new_solver,
+                                     solve_cpsat)
+from optpipe.optimizer.cpsat_model import make_hint, make_ticks
+from optpipe.optimizer.cpsat_order import CROSS_STAGE_MAX_MICROBATCHES, build_order_model
 from optpipe.optimizer.decompose import (COOLDOWN_STEPS, OPENING_STARTS, SEARCH_CHAINS,
                                          TIME_WINDOW_GROWTH, _next_width,
                                          _Stepper, _window_start, first_width, idle_gaps,
                                          pinned_windows, started_within,
                                          time_window_search)
-from optpipe.optimizer.bounds import lower_bound, memory_bounds
 from optpipe.optimizer.preprocess import (earliest_starts, fixed_schedules, graph_placement,
                                           latest_starts, memory_implied_orders)
 from optpipe.optimizer.result import OPTIMAL
@@ -58,7 +59,7 @@ def solve_window(problem: Problem, ticks, best, free: set, compact: bool,
     builder.add_hints()
     solver = new_solver(30, 2)
     assert solver.solve(builder.model) == cp_model.OPTIMAL
-    schedule = _extract(problem, solver, handles, offload=False)
+    schedule = extract_schedule(problem, solver, handles, offload=False)
     sim = simulate(problem, schedule)
     assert sim.fits, (sim.peak_memory, problem.budget)
     assert make_hint(schedule, ticks).makespan <= round(solver.objective_value)
@@ -99,7 +100,7 @@ def test_the_compact_window_model_has_the_full_models_optimum(seed: int, shape: 
 
 @pytest.mark.parametrize("seed,shape", [(5, "linear"), (6, "v")])
 def test_a_long_window_step_has_the_full_models_optimum(seed: int, shape: str) -> None:
-    """Past :data:`~optpipe.optimizer.cpsat.CROSS_STAGE_MAX_MICROBATCHES` a device's
+    """Past :data:`~optpipe.optimizer.cpsat_order.CROSS_STAGE_MAX_MICROBATCHES` a device's
     memory rows see each stage alone; a step's model there, with its rows' literals
     only where the order is open (a task free, the pinned windows not deciding it),
     must prove the full model's optimum for the same window."""

@@ -13,7 +13,8 @@ import random
 import pytest
 
 from optpipe.optimizer.bounds import lower_bound
-from optpipe.optimizer.cpsat import make_hint, make_ticks, solve_cpsat
+from optpipe.optimizer.cpsat import solve_cpsat
+from optpipe.optimizer.cpsat_model import make_hint, make_ticks
 from optpipe.optimizer.preprocess import fixed_schedules, task_graph
 from optpipe.optimizer.result import FEASIBLE, OPTIMAL
 from optpipe.problem import Problem, uniform_problem

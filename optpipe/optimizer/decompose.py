@@ -147,7 +147,7 @@ class _Stepper:
     def run(self, best: Any, free: Collection[Any], stats: WindowStats,
             frozen_before: int | None = None) -> Any | None:
         """The schedule re-placed with the tasks in ``free`` (keys) unpinned, as a
-        :class:`~.cpsat.Hint`; None when the step found nothing or had no time.
+        :class:`~.cpsat_model.Hint`; None when the step found nothing or had no time.
 
         ``frozen_before`` (ticks): pinned tasks that end by then keep their times. Why:
         they start before every free task, so their ASAP times cannot fall (a free task
@@ -155,7 +155,9 @@ class _Stepper:
         the propagation along their chains (at 8 x 64 on the V shape, 3.1 s -> 1.0 s).
         Every other task starts within its :func:`pinned_windows`.
         """
-        from optpipe.optimizer.cpsat import _extract, build_order_model, make_hint, new_solver
+        from optpipe.optimizer.cpsat import extract_schedule, new_solver
+        from optpipe.optimizer.cpsat_model import make_hint
+        from optpipe.optimizer.cpsat_order import build_order_model
 
         fixed = [[k for k in seq if k not in free] for seq in best.order]
         t_build = time.monotonic()
@@ -181,7 +183,8 @@ class _Stepper:
         stats.steps += 1
         if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             return None
-        return make_hint(_extract(self.problem, solver, handles, offload=False), self.ticks)
+        return make_hint(extract_schedule(self.problem, solver, handles, offload=False),
+                         self.ticks)
 
     def solve(self, solver: cp_model.CpSolver, model: cp_model.CpModel, best: Any) -> int:
         """CP-SAT on one step's model, within the limit ``solver`` was given. A seam
@@ -280,7 +283,7 @@ def window_search(problem: Problem, ticks, hint, *, lower: int, deadline: float,
                   threads: int, window: int = 8, step_limit: float = 6.0,
                   progress: ProgressFn | None = None, t0: float | None = None,
                   bound: float | None = None):
-    """Improve ``hint`` (a :class:`~.cpsat.Hint`) until ``deadline``; returns (hint, stats).
+    """Improve ``hint`` (a :class:`~.cpsat_model.Hint`) until ``deadline``; returns (hint, stats).
 
     Stops early when the incumbent reaches ``lower`` (ticks) or a full sweep finds
     nothing; on a fruitless sweep the window grows by half (larger neighbourhoods).
@@ -337,7 +340,7 @@ def time_window_search(problem: Problem, ticks: Any, hint: Any, *, lower: int,
                        patience: int | None = None,
                        proof_seconds: float = 0.0,
                        others: Sequence[Any] = ()) -> tuple[Any, WindowStats]:
-    """Improve ``hint`` (a :class:`~.cpsat.Hint`) until ``deadline``; returns (hint, stats).
+    """Improve ``hint`` (a :class:`~.cpsat_model.Hint`) until ``deadline``; returns (hint, stats).
 
     Each step frees the compute tasks that start within a window of ``tasks`` mean task
     durations (default :data:`TIME_WINDOW_TASKS`), on every device at once, around an
@@ -436,7 +439,7 @@ def first_width(graph: Any, tasks: float | None = None) -> int:
 
 
 def started_within(best: Any, at: int, until: float = math.inf) -> set[Any]:
-    """The tasks of ``best`` (a :class:`~.cpsat.Hint`) that start in ``[at, until)``
+    """The tasks of ``best`` (a :class:`~.cpsat_model.Hint`) that start in ``[at, until)``
     ticks: a time window's free tasks."""
     return {k for seq in best.order for k in seq if at <= best.times[k][0] < until}
 
@@ -473,7 +476,7 @@ def _window_start(best: Any, width: int, rng: random.Random) -> int:
 
 
 def idle_gaps(best: Any) -> list[tuple[int, int]]:
-    """Every device's idle stretches in ``best`` (a :class:`~.cpsat.Hint`), in ticks
+    """Every device's idle stretches in ``best`` (a :class:`~.cpsat_model.Hint`), in ticks
     from 0 to its makespan, as (begin, end)."""
     return [gap for seq in best.order for gap in device_idle_gaps(best, seq)]
 

@@ -1,7 +1,7 @@
 """Offloaded plans: warm starts that use host memory, on every placement.
 
 Why: with offload allowed, the engines search one stage per device only (CP-SAT's
-tight model, :mod:`.cpsat`), whose circuit per device found nothing faster than
+tight model, :mod:`.cpsat_tight`), whose circuit per device found nothing faster than
 pipeoffload within the minute from 4 x 16 on at S/2 on the benchmark (and is not built
 beyond 256 cells), so the answer used to be pipeoffload's — built on four fixed
 orders (ZB-H1, 1F1B, interleaved 1F1B, ZB-V) that were designed for one memory level.

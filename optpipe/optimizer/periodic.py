@@ -31,7 +31,7 @@ Not done: blocks with offload. Tried (a block with OFFLOAD/RELOAD slots on the t
 channels): with transfers, memory depends on times, and the simulator's as-early-as-
 possible re-timing rushes the warm-up's forwards and issues reloads early, so small
 cases went over budget; where they fit (8-16 stages, 32-64 microbatches, budget S/2) they
-were 4-10 % slower than PipeOffload. The offload model stays with :mod:`.cpsat`.
+were 4-10 % slower than PipeOffload. The offload model stays with :mod:`.cpsat_tight`.
 """
 
 from __future__ import annotations

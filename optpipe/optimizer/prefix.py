@@ -17,7 +17,7 @@ one. For any schedule (FIFO per op type, no offload) of ``M`` microbatches:
   proven bound) for ``n`` microbatches.
 
 Chained, these give a bound (:meth:`PrefixCuts.makespan_bound`: 154.5 s at 8 x 32),
-and as constraints in the order model (:func:`~.cpsat.build_order_model`) they let
+and as constraints in the order model (:func:`~.cpsat_order.build_order_model`) they let
 CP-SAT prove 8 x 32 in 23 s instead of 50-90 s (measured by hand, hinted with the
 fixed schedules). They cannot close long pipelines by themselves: each link of the
 chain starts from an empty pipeline. Leading microbatches do not change that (the
