@@ -184,23 +184,6 @@ class ModelVars:
     placement: list[int] | None = None
 
 
-def memory_units(problem: Problem, s: int, levels: Sequence[float] = ()
-                 ) -> tuple[int, int, int, int, list[int], int | None]:
-    """Bytes of stage ``s`` divided by their gcd, and the room left by the budget.
-
-    Returns ``(activation, freed_by_b, freed_by_w, unit, moved_per_level, room)`` with
-    ``room`` None when the budget cannot bind.
-    """
-    a, fb, fw = problem.activation[s], problem.freed_by_b[s], problem.freed_by_w[s]
-    moved = [transfer_bytes(problem, Action(Op.OFFLOAD, s, 0, x)) for x in levels]
-    unit = math.gcd(a, fb, fw, *moved) or 1
-    room = problem.budget[s] - problem.static[s]
-    if not math.isfinite(room) or problem.microbatches * a <= room:
-        return a // unit, fb // unit, fw // unit, unit, [y // unit for y in moved], None
-    return (a // unit, fb // unit, fw // unit, unit, [y // unit for y in moved],
-            int(math.floor(room / unit)))
-
-
 def start_domains(g: TaskGraph, horizon: int, windows: Mapping[Key, tuple[int, int]] | None
                   ) -> dict[Key, tuple[int, int]]:
     """Every start variable's domain: the graph's own time windows within ``horizon``,
@@ -247,15 +230,3 @@ def base_vars(b: Builder, g: TaskGraph, horizon: int, lower: int,
     for d in range(g.problem.devices) if devices is None else sorted(devices):
         b.model.add_no_overlap([interval[k] for k in g.device_keys(d)])
     return start, interval, makespan
-
-
-def imply(b: Builder, a: Any, c: Any) -> None:
-    """``a => c`` where either side may be a constant (a pinned order, as a bool)."""
-    if a is False or c is True:
-        return
-    if a is True:
-        b.model.add_bool_or([c] if c is not False else [])
-    elif c is False:
-        b.model.add_bool_or([~a])
-    else:
-        b.model.add_implication(a, c)

@@ -23,7 +23,7 @@ import math
 from typing import TYPE_CHECKING, Any, Collection, Mapping, Sequence
 
 from optpipe.optimizer.cpsat_model import (Builder, Hint, ModelVars, Ticks, base_vars,
-                                           imply, start_domains)
+                                           start_domains)
 from optpipe.optimizer.preprocess import (Key, TaskGraph, graph_placement,
                                           memory_implied_orders)
 from optpipe.problem import Problem
@@ -225,16 +225,16 @@ def _order_memory(b: Builder, g: TaskGraph, d: int, start: dict[Key, Any],
                 for j in row.touched_js(op, o, count, prev):
                     k = (op, o, j)
                     if j > 0:
-                        imply(b, row[k], row[(op, o, j - 1)])
+                        _imply(b, row[k], row[(op, o, j - 1)])
                     if prev is not None and k in prev:
-                        imply(b, prev[k], row[k])
+                        _imply(b, prev[k], row[k])
             for o in stages:          # W_j done => B_j done; B_j done => F_j started
                 for j in row.stage_js(o, i if o == s else M):
                     if (Op.W, o, j) in row and (Op.B, o, j) in row:
-                        imply(b, row[(Op.W, o, j)], row[(Op.B, o, j)])
+                        _imply(b, row[(Op.W, o, j)], row[(Op.B, o, j)])
                     for op in (Op.B, Op.BW):
                         if o != s and (op, o, j) in row:
-                            imply(b, row[(op, o, j)], row[(Op.F, o, j)])
+                            _imply(b, row[(op, o, j)], row[(Op.F, o, j)])
             if terms:
                 b.model.add(constant + sum(terms) <= room)
             prev = row
@@ -385,3 +385,15 @@ def _chunked_memory(b: Builder, g: TaskGraph, start: dict[Key, Any], hint: Hint 
                                                           start[k] + int(dur[k]), "held"))
                 demands.append(amount // unit)
         b.model.add_cumulative(intervals, demands, int(math.floor(room / unit)))
+
+
+def _imply(b: Builder, a: Any, c: Any) -> None:
+    """``a => c`` where either side may be a constant (a pinned order, as a bool)."""
+    if a is False or c is True:
+        return
+    if a is True:
+        b.model.add_bool_or([c] if c is not False else [])
+    elif c is False:
+        b.model.add_bool_or([~a])
+    else:
+        b.model.add_implication(a, c)

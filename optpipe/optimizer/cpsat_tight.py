@@ -18,13 +18,14 @@ caller, the engine's run with offload (:func:`~.cpsat.solve_cpsat`).
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
-from optpipe.optimizer.cpsat_model import (Builder, Hint, ModelVars, Ticks, base_vars,
-                                           memory_units)
+from optpipe.memory.accounting import transfer_bytes
+from optpipe.optimizer.cpsat_model import Builder, Hint, ModelVars, Ticks, base_vars
 from optpipe.optimizer.preprocess import Key
 from optpipe.problem import Problem
-from optpipe.schedule import Op
+from optpipe.schedule import Action, Op
 
 
 # ---------------------------------------------------------------- tight model
@@ -200,7 +201,7 @@ def build_tight_model(problem: Problem, ticks: Ticks, horizon: int, lower: int,
 
     # ---------------- memory: cumulative of held bytes per device
     for s in range(S):
-        a, fb, fw, unit, moved, room = memory_units(problem, s, levels)
+        a, fb, fw, unit, moved, room = _memory_units(problem, s, levels)
         if room is None:
             continue
         intervals: list[Any] = []
@@ -288,3 +289,20 @@ def _arc_allowed(i: Key, j: Key, split: bool) -> bool:
     if oi is Op.W and oj is Op.B:
         return mj > mi
     return False
+
+
+def _memory_units(problem: Problem, s: int, levels: Sequence[float] = ()
+                 ) -> tuple[int, int, int, int, list[int], int | None]:
+    """Bytes of stage ``s`` divided by their gcd, and the room left by the budget.
+
+    Returns ``(activation, freed_by_b, freed_by_w, unit, moved_per_level, room)`` with
+    ``room`` None when the budget cannot bind.
+    """
+    a, fb, fw = problem.activation[s], problem.freed_by_b[s], problem.freed_by_w[s]
+    moved = [transfer_bytes(problem, Action(Op.OFFLOAD, s, 0, x)) for x in levels]
+    unit = math.gcd(a, fb, fw, *moved) or 1
+    room = problem.budget[s] - problem.static[s]
+    if not math.isfinite(room) or problem.microbatches * a <= room:
+        return a // unit, fb // unit, fw // unit, unit, [y // unit for y in moved], None
+    return (a // unit, fb // unit, fw // unit, unit, [y // unit for y in moved],
+            int(math.floor(room / unit)))
