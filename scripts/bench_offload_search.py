@@ -8,22 +8,26 @@ offload-aware schedule is within ``warm_starts.RANDOMIZED_REACH`` of the best on
 Revision 31 restarts a basin near its start once it has gone ``STALL`` runs without a
 gain. Revision 32 sends a forward's activation out only when it can come back in time
 behind the copies already queued (``offload_list.QUEUE_AWARE``; a share of the fresh
-draws, ``QUEUE_FLIP``, take the old rule).
+draws, ``QUEUE_FLIP``, take the old rule). Revision 33 also builds every variant with
+its OFFLOADs listed only when due (``offload_list.DEFERRED_VARIANTS``), so that a
+forward that does not fit waits for the first queued copy that makes room for it, and a
+share of the fresh draws (``DEFERRED_FLIP``) switch that listing rule.
 
 ``--strategies`` measures the search alone, from the best variant on a placement, with
 three seeds: fresh draws only (``FRESH`` = 1, one basin: revision 29's GRASP), the
 perturbing search with one basin, with two (revision 30), with two that restart when
-stalled (revision 31), with the queue-aware offloads (revision 32, what the driver
-uses), and one basin per W policy and offload rule (``rules``, tried and not kept: the
-log's item "four basins"; ``--seeds`` for more than three)::
+stalled (revision 31), with the queue-aware offloads (revision 32), one basin per W
+policy and offload rule (``rules``, tried and not kept: the log's item "four basins";
+``--seeds`` for more than three), and with the deferred listing too (revision 33, what
+the driver uses)::
 
     python scripts/bench_offload_search.py --strategies      # writes docs/optimizer-log.md
-    python scripts/bench_offload_search.py --strategies --kinds restart,queue
+    python scripts/bench_offload_search.py --strategies --kinds queue,deferred
     python scripts/bench_offload_search.py --strategies --kinds queue,rules --seeds 0,1,2,3,4,5 --no-write
 
 Without it, the presets are solved as ``optpipe solve`` does (offload decided
-automatically, the cache off), once with revision 31's offloads (by the path alone) and
-once as now::
+automatically, the cache off), once with the previous revision's search (``PREVIOUS``,
+revision 32) and once as now (``NOW``)::
 
     python scripts/bench_offload_search.py
     python scripts/bench_offload_search.py --no-write --cases 16stage-40GB
@@ -31,7 +35,8 @@ once as now::
 
 The tables of revision 30's item in docs/optimizer-log.md (revision 29 against 30) were
 measured with this script at f4db9b2 and 1bc0eb6, those of revision 31's item (30
-against 31) at 4d58875, before it moved on to revision 32.
+against 31) at 4d58875, those of revision 32's item (31 against 32, between the
+``offload-queue`` markers) at a74529f, before it moved on to revision 33.
 """
 
 from __future__ import annotations
@@ -51,22 +56,28 @@ from bench_offload_list import PRESETS, problem_of  # noqa: E402
 from docblock import publish  # noqa: E402
 
 DOC = ROOT / "docs" / "optimizer-log.md"
-DRIVER = "<!-- offload-queue:start -->", "<!-- offload-queue:end -->"
-STRATEGIES = ("<!-- offload-queue-strategies:start -->",
-              "<!-- offload-queue-strategies:end -->")
+DRIVER = "<!-- offload-deferred:start -->", "<!-- offload-deferred:end -->"
+STRATEGIES = ("<!-- offload-deferred-strategies:start -->",
+              "<!-- offload-deferred-strategies:end -->")
 NEVER = 10**9                           # a STALL no search reaches: no restarts
 #: key -> (column, RandomizedSearch.FRESH, .BASINS, .STALL, offload_list.QUEUE_AWARE,
-#: offload_list.QUEUE_FLIP)
-KINDS = {"fresh": ("fresh draws only (revision 29)", 1.0, 1, NEVER, False, 0.0),
-         "one": ("perturbing, one basin", 0.3, 1, NEVER, False, 0.0),
-         "two": ("perturbing, two basins (revision 30)", 0.3, 2, NEVER, False, 0.0),
+#: offload_list.QUEUE_FLIP, offload_list.DEFERRED_VARIANTS, offload_list.DEFERRED_FLIP)
+KINDS = {"fresh": ("fresh draws only (revision 29)", 1.0, 1, NEVER, False, 0.0, False, 0.0),
+         "one": ("perturbing, one basin", 0.3, 1, NEVER, False, 0.0, False, 0.0),
+         "two": ("perturbing, two basins (revision 30)", 0.3, 2, NEVER, False, 0.0,
+                 False, 0.0),
          "restart": ("two basins, restarted when stalled (revision 31)", 0.3, 2, 60,
-                     False, 0.0),
+                     False, 0.0, False, 0.0),
          "queue": ("restarts, offloads that can come back in time (revision 32)",
-                   0.3, 2, 60, True, 0.25),
-         "rules": ("four basins, W policy x offload rule", 0.3, 4, 60, True, 0.25)}
+                   0.3, 2, 60, True, 0.25, False, 0.0),
+         "rules": ("four basins, W policy x offload rule", 0.3, 4, 60, True, 0.25,
+                   False, 0.0),
+         "deferred": ("offloads listed when due, waits for the first copy that makes "
+                      "room (revision 33)", 0.3, 2, 60, True, 0.25, True, 0.25)}
+#: the kinds the driver table compares: the search before and as now
+PREVIOUS, NOW = "queue", "deferred"
 KNOBS = ("FRESH", "BASINS", "STALL")
-MODULE_KNOBS = ("QUEUE_AWARE", "QUEUE_FLIP")
+MODULE_KNOBS = ("QUEUE_AWARE", "QUEUE_FLIP", "DEFERRED_VARIANTS", "DEFERRED_FLIP")
 #: (case, placement) the strategies are measured on: the placements the driver's
 #: randomized runs went to (and the V shape, the optimum's, at 8 x 16)
 SEARCH_CASES = (("8stage-40GB", "interleaved"), ("16stage-40GB", "interleaved"),
@@ -129,11 +140,11 @@ def _knobs(*values: float) -> Iterator[None]:
 
 
 def driver_row(label: str, now: bool, seconds: float) -> str:
-    """``optpipe solve`` on a preset, with revision 31's offload-aware list schedules
-    (every forward's activation sent out by its stage's path alone) or as now."""
+    """``optpipe solve`` on a preset, with the previous revision's offload-aware list
+    schedules (:data:`PREVIOUS`) or as now (:data:`NOW`)."""
     from optpipe.optimizer import driver
 
-    settings = KINDS["queue" if now else "restart"][1:]
+    settings = KINDS[NOW if now else PREVIOUS][1:]
     with _knobs(*settings):
         t0 = time.monotonic()
         result = driver.solve(problem_of(label), time_limit=seconds, cache=False,
@@ -141,7 +152,7 @@ def driver_row(label: str, now: bool, seconds: float) -> str:
         wall = time.monotonic() - t0
     placement = result.schedule.provenance.get("placement")
     placed = f" ({placement})" if placement else ""
-    line = (f"| {label} | {'revision 32' if now else 'revision 31 (path alone)'}"
+    line = (f"| {label} | {'revision 33' if now else 'revision 32'}"
             f" | {result.sim.makespan:.4g} s | {(result.gap or 0.0):.2%} | "
             f"{result.schedule.name}{placed} | "
             f"{wall:.0f} s |")
@@ -162,7 +173,7 @@ def main() -> None:
     ap.add_argument("--seeds", default=",".join(map(str, SEEDS)),
                     help="with --strategies, comma-separated random seeds (default 0,1,2)")
     ap.add_argument("--now-only", action="store_true",
-                    help="without --strategies: only the current search, not revision 31's "
+                    help="without --strategies: only the current search, not the previous "
                          "beside it (printed, not written: the table keeps both)")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()

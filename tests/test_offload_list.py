@@ -39,11 +39,11 @@ def test_the_planned_step_is_the_simulated_one_and_fits(seed: int, shape: str) -
     place = PLACEMENTS[shape](problem.devices)
     for split in (True, False):
         bound = lower_bound(task_graph(problem, split, place))
-        for (eager_w, reserve, away), queue_aware in itertools.product(VARIANTS,
-                                                                        (False, True)):
+        for (eager_w, reserve, away), queue_aware, deferred in itertools.product(
+                VARIANTS, (False, True), (False, True)):
             schedule = offload_list_schedule(problem, place, split, eager_w=eager_w,
                                              reserve=reserve, away=away,
-                                             queue_aware=queue_aware)
+                                             queue_aware=queue_aware, deferred=deferred)
             if schedule is None:
                 continue
             result = simulate(problem, schedule)
@@ -103,15 +103,65 @@ def test_an_activation_goes_out_only_when_it_can_come_back_in_time() -> None:
     assert late(False) > 0
 
 
-def test_a_deadline_stops_between_variants() -> None:
+def test_offloads_listed_when_due_keep_their_times_and_free_a_forward_sooner() -> None:
+    """With ``deferred`` an OFFLOAD is listed only when the compute after it would
+    otherwise issue it late, so every copy still starts as soon as its forward has ended
+    and the channel is free (listing it later changes no time), and a forward that does
+    not fit can wait for a queued copy before the last one (the waited-for OFFLOAD is
+    followed by others in the device's list): on the 8-stage preset at 40 GB, where the
+    channel queues copies in the warm-up."""
+    problem = default_problem(8, 16, budget="40GB")
+    place = PLACEMENTS["interleaved"](8)
+    for deferred in (False, True):
+        schedule = offload_list_schedule(problem, place, deferred=deferred)
+        assert schedule is not None
+        assert schedule.provenance["offload_list"]["deferred"] is deferred
+        result = simulate(problem, schedule)
+        assert result.fits
+        for d in range(problem.devices):
+            channel_free = 0.0
+            for rec in sorted((r for r in result.records if r.device == d
+                               and r.action.op is Op.OFFLOAD), key=lambda r: r.start):
+                forward = result.record(Op.F, rec.action.stage, rec.action.microbatch)
+                assert rec.start == pytest.approx(max(forward.end, channel_free), abs=1e-9)
+                channel_free = rec.end
+        before_last = 0
+        for acts in schedule.actions:
+            for i, action in enumerate(acts):
+                if action.op is Op.OFFLOAD and action.wait:
+                    rest = itertools.takewhile(lambda a: not a.op.is_compute, acts[i + 1:])
+                    before_last += sum(a.op is Op.OFFLOAD for a in rest)
+        assert (before_last > 0) is deferred
+
+
+def test_the_randomized_search_keeps_the_listing_rule_of_its_start() -> None:
+    """A search started from a deferred run rebuilds that run first: its makespan is the
+    start's (the listing rule comes from the start's provenance, not the default)."""
+    problem = default_problem(8, 8, budget="40GB")
+    place = PLACEMENTS["interleaved"](8)
+    start = offload_list_schedule(problem, place, deferred=True)
+    assert start is not None
+    makespan = simulate(problem, start).makespan
+    search = RandomizedSearch(problem, place, True, start.provenance["offload_list"], None)
+    assert search.makespan == pytest.approx(makespan, abs=1e-12)
+
+
+def test_a_deadline_stops_between_variants(monkeypatch) -> None:
+    """No time, no variant; one variant is built with its copies listed at once, then
+    deferred (``DEFERRED_VARIANTS``), or only as the module's default without them."""
+    from optpipe.optimizer import offload_list
+
     problem = default_problem(8, 8, budget="40GB")
     place = PLACEMENTS["v"](8)
     assert offload_list_schedules(problem, place, deadline=0.0) == []
-    one = offload_list_schedules(problem, place, variants=VARIANTS[:1])
-    assert len(one) == 1
-    assert one[0].provenance["offload_list"] == {
+    both = offload_list_schedules(problem, place, variants=VARIANTS[:1])
+    assert [s.provenance["offload_list"] for s in both] == [{
         "eager_w": False, "reserve": 0, "away": 1.0, "lead": 1.0, "queue_aware": True,
-        "jitter": 0.0, "seed": 0, "perturbed": False}
+        "deferred": deferred, "jitter": 0.0, "seed": 0, "perturbed": False}
+        for deferred in (False, True)]
+    monkeypatch.setattr(offload_list, "DEFERRED_VARIANTS", False)
+    one = offload_list_schedules(problem, place, variants=VARIANTS[:1])
+    assert [s.provenance["offload_list"]["deferred"] for s in one] == [False]
 
 
 def test_the_driver_hands_them_on_with_offload_only() -> None:

@@ -84,13 +84,17 @@ _PACKAGE = Path(__file__).resolve().parent.parent
 #: improved for :attr:`~.offload_list.RandomizedSearch.STALL` runs restarts near its
 #: start, the best run kept apart; 32: an offload-aware list schedule sends a forward's
 #: activation to the host only when, behind the copies already queued, it can come
-#: back before its backward needs it, :data:`~.offload_list.QUEUE_AWARE`). A cached
+#: back before its backward needs it, :data:`~.offload_list.QUEUE_AWARE`; 33: every
+#: offload-aware variant is also built with its OFFLOADs listed only when due, so a
+#: forward that does not fit waits for the first queued copy that makes room, and the
+#: randomized search's fresh draws switch that rule,
+#: :data:`~.offload_list.DEFERRED_VARIANTS`). A cached
 #: schedule from an older search that was not proven optimal is solved again: the same
 #: problem and time limit may now give a faster one. Not bumped for the warm-up memory
 #: bound (2026-12-01): it proves more but searches the same way (the window search
 #: still keys on the round trip), so a cached answer would come back no faster; its
 #: stored bound is true, only weaker.
-SEARCH_REVISION = 32
+SEARCH_REVISION = 33
 
 
 def cache_dir() -> Path:

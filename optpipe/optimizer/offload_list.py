@@ -24,6 +24,12 @@ start, an OFFLOAD's release at its end, a RELOAD's reservation at its issue). A 
 that fits only once an OFFLOAD under way has ended waits for it with the OFFLOAD's
 ``wait`` flag, which the simulator honours; that is possible when no action listed after
 that OFFLOAD would be held back by it, else the device runs something else or stays idle.
+With ``deferred`` (search revision 33) an OFFLOAD whose copy is queued behind others is
+listed only when the compute after it would otherwise issue it late: the copies then
+start when they would have anyway, and a forward can wait for the first queued copy
+after which it fits instead of the last one listed (revision 32's answer to ``--stages
+8 --mem 40GB``: device 0's room was full at 0.118 s, and it idled until the last of
+the ten copies it had queued was out, 0.238 s, where the fifth made room at 0.125 s).
 
 Every schedule is judged by the simulator before use; the internal times are the
 simulator's own in all cases tested (``tests/test_offload_list.py``).
@@ -67,6 +73,18 @@ QUEUE_AWARE = True
 #: (``--stages 8 --mem 40GB``'s search ends a hair higher with the new one, 3.918
 #: against 3.899 s mean after 15 s; 16 stages lower, 1.948 against 1.992 s).
 QUEUE_FLIP = 0.25
+#: Whether an OFFLOAD is listed only when the compute after it would otherwise issue it
+#: late (its copy queued behind others), so that a forward that does not fit can wait
+#: for the first queued copy that makes room for it rather than the last one listed.
+DEFERRED = False
+#: Whether :func:`offload_list_schedules` runs every variant with both listing rules
+#: (the deferred ones second, so a short deadline still runs revision 32's), and the
+#: share of :class:`RandomizedSearch`'s fresh draws that switch the rule of the run they
+#: start from. Why both: neither rule is best everywhere (by hand, the best of the
+#: variants: interleaved on ``--stages 4 --mem 80GB`` 7.357 s with eager listing, 7.166
+#: s deferred; on ``--stages 8 --mem 40GB`` 3.96 s against 4.31 s).
+DEFERRED_VARIANTS = True
+DEFERRED_FLIP = 0.25
 
 
 class _Device:
@@ -83,6 +101,8 @@ class _Device:
         self.actions: list[Action] = []
         self.issue: list[float] = []    # when each listed action is issued
         self.last_offload: int | None = None   # index in actions
+        # OFFLOADs timed but not listed yet, in channel order: (action, start, end)
+        self.deferred: list[tuple[Action, float, float]] = []
 
     def settle(self) -> None:
         """Fold every event up to the stream's free time into ``base``: every later
@@ -114,6 +134,7 @@ def offload_list_schedule(problem: Problem, placement: Sequence[int],
                           reserve: float = 0, away: float = 1.0, lead: float = 1.0,
                           jitter: float = 0.0, seed: int = 0,
                           queue_aware: bool | None = None,
+                          deferred: bool | None = None,
                           graph: TaskGraph | None = None,
                           scale: dict[Key, float] | None = None) -> Schedule | None:
     """One offload-aware list schedule (module docstring), or None when it stalls.
@@ -124,11 +145,14 @@ def offload_list_schedule(problem: Problem, placement: Sequence[int],
     the randomized runs the driver makes with time left over (:func:`randomized`).
     ``scale``: the priorities' factors instead (:class:`RandomizedSearch`'s perturbed
     runs; the provenance then says ``perturbed``: jitter and seed do not rebuild it).
-    ``queue_aware``: :data:`QUEUE_AWARE` when None."""
+    ``queue_aware``: :data:`QUEUE_AWARE` when None. ``deferred``: :data:`DEFERRED` when
+    None."""
     if graph is None:
         graph = task_graph(problem, split_backward, placement)
     if queue_aware is None:
         queue_aware = QUEUE_AWARE
+    if deferred is None:
+        deferred = DEFERRED
     split = graph.problem
     place = list(placement)
     D, M = split.devices, split.microbatches
@@ -216,8 +240,15 @@ def offload_list_schedule(problem: Problem, placement: Sequence[int],
             start = max(at_issue, dv.d2h, end[(Op.F, s, m)])
             dv.d2h = start + length
             dv.add(start + length, memory_delta(split, action)[1])
+            if deferred:
+                dv.deferred.append((action, start, start + length))
+                return start + length
             dv.last_offload = len(dv.actions)
         else:
+            # its OFFLOAD must be listed before it
+            held = [(a.stage, a.microbatch) for a, _, _ in dv.deferred]
+            if (s, m) in held:
+                list_deferred(d, held.index((s, m)) + 1)
             start = max(at_issue, dv.h2d, offload_end[(s, m)])
             dv.h2d = start + length
             dv.add(at_issue, memory_delta(split, action)[1])
@@ -244,11 +275,56 @@ def offload_list_schedule(problem: Problem, placement: Sequence[int],
             reload_end[(s, m)] = list_transfer(d, Op.RELOAD, s, m, at)
             heapq.heappush(wake, (reload_end[(s, m)], next(tick), d))
 
+    def list_deferred(d: int, count: int) -> None:
+        """List the first ``count`` deferred OFFLOADs, unheld. Any prefix may be listed
+        at any moment: each starts no earlier than the last compute listed ends (see
+        :func:`flush`), so being issued then changes no time."""
+        dv = dev[d]
+        issue = max(dv.free, dv.held)
+        for _ in range(count):
+            dv.last_offload = len(dv.actions)
+            dv.actions.append(dv.deferred.pop(0)[0])
+            dv.issue.append(issue)
+
+    def flush(d: int, before: float) -> None:
+        """List the deferred OFFLOADs that start before ``before`` (the end of the
+        compute action about to be listed): listed after it, they would be issued at
+        its end, later than they start. The rest start after it anyway, so listing them
+        later changes no time."""
+        list_deferred(d, sum(1 for _ in itertools.takewhile(
+            lambda held: held[1] < before - _EPS, dev[d].deferred)))
+
+    def wait_deferred(d: int, size: float, ready: float) -> float | None:
+        """Mark the first deferred OFFLOAD after whose end a forward of ``size`` bytes,
+        ready at ``ready``, fits ``wait`` and list it (with those before it); the
+        forward's start. Nothing listed comes after it, so it holds nothing back."""
+        dv = dev[d]
+        for n, (action, _, when) in enumerate(dv.deferred):
+            start = max(ready, when)
+            if dv.fits(start, size):
+                list_deferred(d, n)             # those before it, unheld
+                dv.deferred.pop(0)
+                dv.last_offload = len(dv.actions)
+                dv.actions.append(Action(Op.OFFLOAD, action.stage, action.microbatch,
+                                         wait=True))
+                dv.issue.append(max(dv.free, dv.held))
+                dv.held = max(dv.held, when)
+                return start
+        return None
+
     def wait_for(d: int, size: float, ready: float) -> float | None:
         """Mark the last OFFLOAD ``wait`` so that a forward of ``size`` bytes, ready at
         ``ready``, fits once it has ended, if that holds nothing already listed back
-        (every action listed after it is issued no earlier); the forward's start."""
+        (every action listed after it is issued no earlier); the forward's start.
+
+        With ``deferred`` the OFFLOADs whose copies are still queued are not listed
+        yet, so the forward can wait for the first of them that makes room instead of
+        the last one listed (``wait_deferred``)."""
         dv = dev[d]
+        if dv.deferred:
+            start = wait_deferred(d, size, ready)
+            if start is not None:
+                return start
         i = dv.last_offload
         if i is None or dv.actions[i].wait:
             return None
@@ -307,6 +383,7 @@ def offload_list_schedule(problem: Problem, placement: Sequence[int],
             key, start = chosen
             op, s, m = key
             finish = start + graph.duration[key]
+            flush(d, finish)
             end[key] = finish
             dv.free = finish
             action = Action(op, s, m)
@@ -328,10 +405,13 @@ def offload_list_schedule(problem: Problem, placement: Sequence[int],
                 heapq.heappush(wake, (finish + lag, next(tick), place[n[1]]))
     if left:
         return None
+    for d in range(D):
+        flush(d, float("inf"))
     perturbed = given is not None
-    name = f"offlist{'-eager' if eager_w else ''}-r{reserve:g}-a{away:.3g}" + (
-        f"-l{lead:.3g}" if lead != 1.0 else "") + (
-        "-p" if perturbed else f"-j{jitter:.2g}" if jitter else "")
+    name = (f"offlist{'-eager' if eager_w else ''}{'-d' if deferred else ''}"
+            f"-r{reserve:g}-a{away:.3g}"
+            + (f"-l{lead:.3g}" if lead != 1.0 else "")
+            + ("-p" if perturbed else f"-j{jitter:.2g}" if jitter else ""))
     schedule = Schedule(name=name, stages=len(place), devices=D,
                         microbatches=problem.microbatches, placement=place,
                         actions=[dv.actions for dv in dev],
@@ -340,6 +420,7 @@ def offload_list_schedule(problem: Problem, placement: Sequence[int],
                                     "offload_list": {"eager_w": eager_w, "reserve": reserve,
                                                      "away": away, "lead": lead,
                                                      "queue_aware": queue_aware,
+                                                     "deferred": deferred,
                                                      "jitter": jitter, "seed": seed,
                                                      "perturbed": perturbed},
                                     "planned_makespan": max(end.values(), default=0.0)})
@@ -356,14 +437,15 @@ def offload_list_schedules(problem: Problem, placement: Sequence[int],
     if not variants or (deadline is not None and time.monotonic() > deadline):
         return out
     graph = task_graph(problem, split_backward, placement)
-    for eager_w, reserve, away in variants:
-        if deadline is not None and time.monotonic() > deadline:
-            break
-        schedule = offload_list_schedule(problem, placement, split_backward,
-                                         eager_w=eager_w, reserve=reserve, away=away,
-                                         graph=graph)
-        if schedule is not None:
-            out.append(schedule)
+    for deferred in (False, True) if DEFERRED_VARIANTS else (None,):
+        for eager_w, reserve, away in variants:
+            if deadline is not None and time.monotonic() > deadline:
+                return out
+            schedule = offload_list_schedule(problem, placement, split_backward,
+                                             eager_w=eager_w, reserve=reserve, away=away,
+                                             deferred=deferred, graph=graph)
+            if schedule is not None:
+                out.append(schedule)
     return out
 
 
@@ -374,7 +456,8 @@ class RandomizedSearch:
     offload threshold scaled a little, the priorities of 1, 3 or 10% of the tasks by up
     to 20%) or draws afresh near it (:data:`FRESH`: the reserve moved by half an
     activation, the lead and the threshold drawn, in :data:`QUEUE_FLIP` of them the
-    other offload rule, every priority jittered anew); a run as fast as the one in
+    other offload rule and in :data:`DEFERRED_FLIP` the other listing rule, every
+    priority jittered anew); a run as fast as the one in
     hand replaces it (the search walks plateaus). The two W policies (eager or not) are
     two basins, run in turn, each from its own start (:data:`BASINS`). Why: the
     greedy's choices hang on ties and thresholds, and fresh draws alone (revision 29's
@@ -413,9 +496,11 @@ class RandomizedSearch:
         # nothing (a link fast enough that no copies queue) the runs are those of
         # revision 31, draw for draw
         self.switch = random.Random(seed + 1)
+        self.defer_switch = random.Random(seed + 2)     # the same for the listing rule
         params = {"eager_w": bool(around["eager_w"]), "reserve": around["reserve"],
                   "away": around["away"], "lead": around.get("lead", 1.0),
-                  "queue_aware": around.get("queue_aware", False)}
+                  "queue_aware": around.get("queue_aware", False),
+                  "deferred": around.get("deferred", False)}
         # a perturbed start's priorities are not in its provenance: start from its path
         jitter = 0.0 if around.get("perturbed") else around.get("jitter", 0.0)
         start = random.Random(around.get("seed", 0))
@@ -514,7 +599,8 @@ class RandomizedSearch:
     def _fresh(self, params: dict) -> tuple[dict, dict[Key, float]]:
         """A run drawn afresh near ``params``: the reserve moved by half an activation,
         the lead and the offload threshold drawn, the offload rule switched in
-        :data:`QUEUE_FLIP` of them, every priority jittered anew."""
+        :data:`QUEUE_FLIP` of them and the listing rule in :data:`DEFERRED_FLIP` (each
+        from a stream of its own), every priority jittered anew."""
         rng = self.rng
         params = dict(params)
         params["reserve"] = max(0.0, params["reserve"] + rng.choice((-0.5, 0.0, 0.5)))
@@ -522,6 +608,9 @@ class RandomizedSearch:
         params["lead"] = rng.uniform(0.5, 2.5)
         if self.BASINS != 4 and self.switch.random() < QUEUE_FLIP:
             params["queue_aware"] = not params["queue_aware"]
+        # no draw at all while the switch is off: revision 32's runs, draw for draw
+        if DEFERRED_FLIP and self.defer_switch.random() < DEFERRED_FLIP:
+            params["deferred"] = not params["deferred"]
         jitter = rng.uniform(0.0, 0.1)
         return params, {k: 1 + rng.uniform(-jitter, jitter) for k in self.keys}
 

@@ -172,7 +172,8 @@ def add_offloaded_starts(problem: Problem, fixed: FixedSet, split_backward: bool
 
     Before them (search revision 29) the offload-aware list schedules
     (:mod:`.offload_list`), which decide the transfers as they are built: the first
-    variant on every placement whatever the time, the others and then randomized runs
+    variant on every placement whatever the time (with its copies listed at once and
+    deferred, :data:`~.offload_list.DEFERRED_VARIANTS`), the others and then randomized runs
     (:func:`add_randomized`) within :data:`OFFLOAD_LIST_SHARE` of ``seconds`` (on top
     of it: the fitted plans keep their own ``seconds``; a variant costs 0.02-0.3 s up
     to 16 x 32). Randomized runs here too, not only with the time the search leaves
