@@ -10,24 +10,27 @@ gain. Revision 32 sends a forward's activation out only when it can come back in
 behind the copies already queued (``offload_list.QUEUE_AWARE``; a share of the fresh
 draws, ``QUEUE_FLIP``, take the old rule). Revision 33 also builds every variant with
 its OFFLOADs listed only when due (``offload_list.DEFERRED_VARIANTS``), so that a
-forward that does not fit waits for the first queued copy that makes room for it, and a
-share of the fresh draws (``DEFERRED_FLIP``) switch that listing rule.
+forward that does not fit waits for the first queued copy that makes room for it, and
+(revision 34) for the next reload due too (``WAIT_KEEPS_RELOAD_ROOM``), and a share of the fresh draws
+(``DEFERRED_FLIP``) switch that listing rule.
 
 ``--strategies`` measures the search alone, from the best variant on a placement, with
 three seeds: fresh draws only (``FRESH`` = 1, one basin: revision 29's GRASP), the
 perturbing search with one basin, with two (revision 30), with two that restart when
 stalled (revision 31), with the queue-aware offloads (revision 32), one basin per W
 policy and offload rule (``rules``, tried and not kept: the log's item "four basins";
-``--seeds`` for more than three), and with the deferred listing too (revision 33, what
-the driver uses)::
+``--seeds`` for more than three), with the deferred listing too (``deferred``), and
+with a waiting forward leaving the next reload's room (``reload-room``: revision 34,
+what the driver uses)::
 
     python scripts/bench_offload_search.py --strategies      # writes docs/optimizer-log.md
     python scripts/bench_offload_search.py --strategies --kinds queue,deferred
+    python scripts/bench_offload_search.py --strategies --kinds deferred,reload-room --no-write
     python scripts/bench_offload_search.py --strategies --kinds queue,rules --seeds 0,1,2,3,4,5 --no-write
 
 Without it, the presets are solved as ``optpipe solve`` does (offload decided
 automatically, the cache off), once with the previous revision's search (``PREVIOUS``,
-revision 32) and once as now (``NOW``)::
+revision 33) and once as now (``NOW``, revision 34)::
 
     python scripts/bench_offload_search.py
     python scripts/bench_offload_search.py --no-write --cases 16stage-40GB
@@ -36,7 +39,8 @@ revision 32) and once as now (``NOW``)::
 The tables of revision 30's item in docs/optimizer-log.md (revision 29 against 30) were
 measured with this script at f4db9b2 and 1bc0eb6, those of revision 31's item (30
 against 31) at 4d58875, those of revision 32's item (31 against 32, between the
-``offload-queue`` markers) at a74529f, before it moved on to revision 33.
+``offload-queue`` markers) at a74529f, those of revision 33's item (32 against 33,
+between the ``offload-deferred`` markers) at a47526e, before it moved on to revision 34.
 """
 
 from __future__ import annotations
@@ -56,28 +60,35 @@ from bench_offload_list import PRESETS, problem_of  # noqa: E402
 from docblock import publish  # noqa: E402
 
 DOC = ROOT / "docs" / "optimizer-log.md"
-DRIVER = "<!-- offload-deferred:start -->", "<!-- offload-deferred:end -->"
-STRATEGIES = ("<!-- offload-deferred-strategies:start -->",
-              "<!-- offload-deferred-strategies:end -->")
+DRIVER = "<!-- offload-reload-room:start -->", "<!-- offload-reload-room:end -->"
+STRATEGIES = ("<!-- offload-reload-room-strategies:start -->",
+              "<!-- offload-reload-room-strategies:end -->")
 NEVER = 10**9                           # a STALL no search reaches: no restarts
 #: key -> (column, RandomizedSearch.FRESH, .BASINS, .STALL, offload_list.QUEUE_AWARE,
-#: offload_list.QUEUE_FLIP, offload_list.DEFERRED_VARIANTS, offload_list.DEFERRED_FLIP)
-KINDS = {"fresh": ("fresh draws only (revision 29)", 1.0, 1, NEVER, False, 0.0, False, 0.0),
-         "one": ("perturbing, one basin", 0.3, 1, NEVER, False, 0.0, False, 0.0),
+#: offload_list.QUEUE_FLIP, offload_list.DEFERRED_VARIANTS, offload_list.DEFERRED_FLIP,
+#: offload_list.WAIT_KEEPS_RELOAD_ROOM)
+KINDS = {"fresh": ("fresh draws only (revision 29)", 1.0, 1, NEVER, False, 0.0, False, 0.0,
+                   False),
+         "one": ("perturbing, one basin", 0.3, 1, NEVER, False, 0.0, False, 0.0, False),
          "two": ("perturbing, two basins (revision 30)", 0.3, 2, NEVER, False, 0.0,
-                 False, 0.0),
+                 False, 0.0, False),
          "restart": ("two basins, restarted when stalled (revision 31)", 0.3, 2, 60,
-                     False, 0.0, False, 0.0),
+                     False, 0.0, False, 0.0, False),
          "queue": ("restarts, offloads that can come back in time (revision 32)",
-                   0.3, 2, 60, True, 0.25, False, 0.0),
+                   0.3, 2, 60, True, 0.25, False, 0.0, False),
          "rules": ("four basins, W policy x offload rule", 0.3, 4, 60, True, 0.25,
-                   False, 0.0),
+                   False, 0.0, False),
          "deferred": ("offloads listed when due, waits for the first copy that makes "
-                      "room (revision 33)", 0.3, 2, 60, True, 0.25, True, 0.25)}
+                      "room (revision 33)", 0.3, 2, 60, True, 0.25, True, 0.25, False),
+         "reload-room": ("deferred, a waiting forward leaves room for the next reload due "
+                         "(revision 34)", 0.3, 2, 60, True, 0.25, True, 0.25, True)}
 #: the kinds the driver table compares: the search before and as now
-PREVIOUS, NOW = "queue", "deferred"
+PREVIOUS, NOW = "deferred", "reload-room"
+#: the search revision of each kind the driver table may compare
+REVISION = {"queue": 32, "deferred": 33, "reload-room": 34}
 KNOBS = ("FRESH", "BASINS", "STALL")
-MODULE_KNOBS = ("QUEUE_AWARE", "QUEUE_FLIP", "DEFERRED_VARIANTS", "DEFERRED_FLIP")
+MODULE_KNOBS = ("QUEUE_AWARE", "QUEUE_FLIP", "DEFERRED_VARIANTS", "DEFERRED_FLIP",
+                "WAIT_KEEPS_RELOAD_ROOM")
 #: (case, placement) the strategies are measured on: the placements the driver's
 #: randomized runs went to (and the V shape, the optimum's, at 8 x 16)
 SEARCH_CASES = (("8stage-40GB", "interleaved"), ("16stage-40GB", "interleaved"),
@@ -152,7 +163,7 @@ def driver_row(label: str, now: bool, seconds: float) -> str:
         wall = time.monotonic() - t0
     placement = result.schedule.provenance.get("placement")
     placed = f" ({placement})" if placement else ""
-    line = (f"| {label} | {'revision 33' if now else 'revision 32'}"
+    line = (f"| {label} | revision {REVISION[NOW if now else PREVIOUS]}"
             f" | {result.sim.makespan:.4g} s | {(result.gap or 0.0):.2%} | "
             f"{result.schedule.name}{placed} | "
             f"{wall:.0f} s |")

@@ -134,6 +134,33 @@ def test_offloads_listed_when_due_keep_their_times_and_free_a_forward_sooner() -
         assert (before_last > 0) is deferred
 
 
+def test_a_waiting_forward_leaves_room_for_the_next_reload_due(monkeypatch) -> None:
+    """With the copies deferred, every copy that makes room could let a forward in
+    before the reload a due backward waits for (``WAIT_KEEPS_RELOAD_ROOM`` off): on the
+    8-stage preset at 40 GB, interleaved, device 0 then runs 44 forwards before its
+    first backward, at 1.08 s; with the rule its first backward comes sooner, after
+    fewer forwards (26, at 0.67 s)."""
+    from optpipe.optimizer import offload_list
+
+    problem = default_problem(8, 32, budget="40GB")
+    place = PLACEMENTS["interleaved"](8)
+
+    def first_backward(keep: bool) -> tuple[float, int]:
+        monkeypatch.setattr(offload_list, "WAIT_KEEPS_RELOAD_ROOM", keep)
+        schedule = offload_list_schedule(problem, place, deferred=True)
+        assert schedule is not None
+        result = simulate(problem, schedule)
+        assert result.fits
+        at = min(r.start for r in result.records if r.device == 0 and r.action.op is Op.B)
+        return at, sum(1 for r in result.records
+                       if r.device == 0 and r.action.op is Op.F and r.start < at)
+
+    (kept_at, kept_forwards), (taken_at, taken_forwards) = first_backward(True), \
+        first_backward(False)
+    assert kept_at < taken_at
+    assert kept_forwards < taken_forwards
+
+
 def test_the_randomized_search_keeps_the_listing_rule_of_its_start() -> None:
     """A search started from a deferred run rebuilds that run first: its makespan is the
     start's (the listing rule comes from the start's provenance, not the default)."""
