@@ -10,9 +10,9 @@ gain. Revision 32 sends a forward's activation out only when it can come back in
 behind the copies already queued (``offload_list.QUEUE_AWARE``; a share of the fresh
 draws, ``QUEUE_FLIP``, take the old rule). Revision 33 also builds every variant with
 its OFFLOADs listed only when due (``offload_list.DEFERRED_VARIANTS``), so that a
-forward that does not fit waits for the first queued copy that makes room for it, and
-(revision 34) for the next reload due too (``WAIT_KEEPS_RELOAD_ROOM``), and a share of the fresh draws
-(``DEFERRED_FLIP``) switch that listing rule.
+forward that does not fit waits for the first queued copy that makes room for it (and,
+since revision 34, for the next reload due too: ``WAIT_KEEPS_RELOAD_ROOM``), and a share
+of the fresh draws (``DEFERRED_FLIP``) switch that listing rule.
 
 ``--strategies`` measures the search alone, from the best variant on a placement, with
 three seeds: fresh draws only (``FRESH`` = 1, one basin: revision 29's GRASP), the
@@ -51,7 +51,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -64,31 +64,54 @@ DRIVER = "<!-- offload-reload-room:start -->", "<!-- offload-reload-room:end -->
 STRATEGIES = ("<!-- offload-reload-room-strategies:start -->",
               "<!-- offload-reload-room-strategies:end -->")
 NEVER = 10**9                           # a STALL no search reaches: no restarts
-#: key -> (column, RandomizedSearch.FRESH, .BASINS, .STALL, offload_list.QUEUE_AWARE,
-#: offload_list.QUEUE_FLIP, offload_list.DEFERRED_VARIANTS, offload_list.DEFERRED_FLIP,
-#: offload_list.WAIT_KEEPS_RELOAD_ROOM)
-KINDS = {"fresh": ("fresh draws only (revision 29)", 1.0, 1, NEVER, False, 0.0, False, 0.0,
-                   False),
-         "one": ("perturbing, one basin", 0.3, 1, NEVER, False, 0.0, False, 0.0, False),
-         "two": ("perturbing, two basins (revision 30)", 0.3, 2, NEVER, False, 0.0,
-                 False, 0.0, False),
-         "restart": ("two basins, restarted when stalled (revision 31)", 0.3, 2, 60,
-                     False, 0.0, False, 0.0, False),
-         "queue": ("restarts, offloads that can come back in time (revision 32)",
-                   0.3, 2, 60, True, 0.25, False, 0.0, False),
-         "rules": ("four basins, W policy x offload rule", 0.3, 4, 60, True, 0.25,
-                   False, 0.0, False),
-         "deferred": ("offloads listed when due, waits for the first copy that makes "
-                      "room (revision 33)", 0.3, 2, 60, True, 0.25, True, 0.25, False),
-         "reload-room": ("deferred, a waiting forward leaves room for the next reload due "
-                         "(revision 34)", 0.3, 2, 60, True, 0.25, True, 0.25, True)}
+
+
+class Kind(NamedTuple):
+    """One search strategy: a column of the tables and the knobs it sets for its runs,
+    ``fresh``, ``basins`` and ``stall`` on :class:`~optpipe.optimizer.offload_list.
+    RandomizedSearch` (upper-cased), the rest on :mod:`~optpipe.optimizer.offload_list`.
+    Each kind below is the one before it with what its revision changed."""
+
+    column: str
+    fresh: float = 0.3
+    basins: int = 2
+    stall: int = NEVER
+    queue_aware: bool = False
+    queue_flip: float = 0.0
+    deferred_variants: bool = False
+    deferred_flip: float = 0.0
+    wait_keeps_reload_room: bool = False
+    revision: int | None = None     # the search revision it is, if the driver used it
+
+    @property
+    def heading(self) -> str:
+        """The column's heading in the tables."""
+        return self.column + (f" (revision {self.revision})" if self.revision else "")
+
+
+#: the knobs of :class:`Kind` that are RandomizedSearch's (the rest are offload_list's)
+SEARCH_KNOBS = ("fresh", "basins", "stall")
+_TWO = Kind("perturbing, two basins", revision=30)
+_RESTART = _TWO._replace(column="two basins, restarted when stalled", stall=60,
+                         revision=31)
+_QUEUE = _RESTART._replace(column="restarts, offloads that can come back in time",
+                           queue_aware=True, queue_flip=0.25, revision=32)
+_DEFERRED = _QUEUE._replace(
+    column="offloads listed when due, waits for the first copy that makes room",
+    deferred_variants=True, deferred_flip=0.25, revision=33)
+KINDS = {"fresh": Kind("fresh draws only", fresh=1.0, basins=1, revision=29),
+         "one": Kind("perturbing, one basin", basins=1),
+         "two": _TWO,
+         "restart": _RESTART,
+         "queue": _QUEUE,
+         "rules": _QUEUE._replace(column="four basins, W policy x offload rule", basins=4,
+                                  revision=None),
+         "deferred": _DEFERRED,
+         "reload-room": _DEFERRED._replace(
+             column="deferred, a waiting forward leaves room for the next reload due",
+             wait_keeps_reload_room=True, revision=34)}
 #: the kinds the driver table compares: the search before and as now
 PREVIOUS, NOW = "deferred", "reload-room"
-#: the search revision of each kind the driver table may compare
-REVISION = {"queue": 32, "deferred": 33, "reload-room": 34}
-KNOBS = ("FRESH", "BASINS", "STALL")
-MODULE_KNOBS = ("QUEUE_AWARE", "QUEUE_FLIP", "DEFERRED_VARIANTS", "DEFERRED_FLIP",
-                "WAIT_KEEPS_RELOAD_ROOM")
 #: (case, placement) the strategies are measured on: the placements the driver's
 #: randomized runs went to (and the V shape, the optimum's, at 8 x 16)
 SEARCH_CASES = (("8stage-40GB", "interleaved"), ("16stage-40GB", "interleaved"),
@@ -111,7 +134,7 @@ def strategies_row(label: str, placement: str, seconds: float, kinds: list[str],
     place = searched_placements(problem.devices)[placement]
     cells = [label, placement]
     for kind in kinds:
-        with _knobs(*KINDS[kind][1:]):
+        with _knobs(KINDS[kind]):
             made = [(simulate(problem, s), i, s) for i, s in
                     enumerate(offload_list.offload_list_schedules(problem, place))]
             best, _, start = min(((r.makespan, i, s) for r, i, s in made if r.fits),
@@ -132,22 +155,21 @@ def strategies_row(label: str, placement: str, seconds: float, kinds: list[str],
 
 
 @contextlib.contextmanager
-def _knobs(*values: float) -> Iterator[None]:
-    """RandomizedSearch's :data:`KNOBS`, then offload_list's :data:`MODULE_KNOBS`, set
-    to ``values`` for the block."""
+def _knobs(kind: Kind) -> Iterator[None]:
+    """The knobs of ``kind`` set on their owners for the block, then restored."""
     from optpipe.optimizer import offload_list
 
-    owners = [offload_list.RandomizedSearch] * len(KNOBS) + [offload_list] * len(
-        MODULE_KNOBS)
-    names = KNOBS + MODULE_KNOBS
-    saved = [getattr(owner, knob) for owner, knob in zip(owners, names)]
-    for owner, knob, value in zip(owners, names, values):
-        setattr(owner, knob, value)
+    knobs = [(offload_list.RandomizedSearch if name in SEARCH_KNOBS else offload_list,
+              name.upper(), getattr(kind, name)) for name in Kind._fields
+             if name not in ("column", "revision")]
+    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in knobs]
+    for owner, name, value in knobs:
+        setattr(owner, name, value)
     try:
         yield
     finally:
-        for owner, knob, value in zip(owners, names, saved):
-            setattr(owner, knob, value)
+        for owner, name, value in saved:
+            setattr(owner, name, value)
 
 
 def driver_row(label: str, now: bool, seconds: float) -> str:
@@ -155,15 +177,15 @@ def driver_row(label: str, now: bool, seconds: float) -> str:
     schedules (:data:`PREVIOUS`) or as now (:data:`NOW`)."""
     from optpipe.optimizer import driver
 
-    settings = KINDS[NOW if now else PREVIOUS][1:]
-    with _knobs(*settings):
+    kind = KINDS[NOW if now else PREVIOUS]
+    with _knobs(kind):
         t0 = time.monotonic()
         result = driver.solve(problem_of(label), time_limit=seconds, cache=False,
                               progress=False)
         wall = time.monotonic() - t0
     placement = result.schedule.provenance.get("placement")
     placed = f" ({placement})" if placement else ""
-    line = (f"| {label} | revision {REVISION[NOW if now else PREVIOUS]}"
+    line = (f"| {label} | revision {kind.revision}"
             f" | {result.sim.makespan:.4g} s | {(result.gap or 0.0):.2%} | "
             f"{result.schedule.name}{placed} | "
             f"{wall:.0f} s |")
@@ -195,7 +217,7 @@ def main() -> None:
         if not set(kinds) <= set(KINDS):
             raise SystemExit(f"unknown kind in {args.kinds!r}; known: {', '.join(KINDS)}")
         table = ["| problem | placement | "
-                 + " | ".join(KINDS[kind][0] for kind in kinds) + " |",
+                 + " | ".join(KINDS[kind].heading for kind in kinds) + " |",
                  "|---" * (2 + len(kinds)) + "|"]
         table += [strategies_row(label, placement, seconds, kinds, seeds)
                   for label, placement in SEARCH_CASES]

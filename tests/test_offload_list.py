@@ -155,8 +155,8 @@ def test_a_waiting_forward_leaves_room_for_the_next_reload_due(monkeypatch) -> N
         return at, sum(1 for r in result.records
                        if r.device == 0 and r.action.op is Op.F and r.start < at)
 
-    (kept_at, kept_forwards), (taken_at, taken_forwards) = first_backward(True), \
-        first_backward(False)
+    kept_at, kept_forwards = first_backward(True)
+    taken_at, taken_forwards = first_backward(False)
     assert kept_at < taken_at
     assert kept_forwards < taken_forwards
 

@@ -263,6 +263,13 @@ def offload_list_schedule(problem: Problem, placement: Sequence[int],
         dv.issue.append(at_issue)
         return start + length
 
+    def reloads_pending(d: int, per_stage: int = 2) -> list[tuple[float, tuple[int, int]]]:
+        """The reloads device ``d`` may list next, as (due, (stage, microbatch)), earliest
+        due first: the backwards of a stage run in microbatch order, so its next
+        ``per_stage`` offloaded microbatches are the candidates."""
+        return sorted((due(x, m), (x, m)) for x, waiting in waiting_reload[d].items()
+                      for m in waiting[:per_stage])
+
     def issue_reloads(d: int, horizon: float, most: int | None = None) -> None:
         """List the reloads (earliest due first) whose backward is due before
         ``horizon``, the next chance to issue them, while they fit; ``most`` caps how
@@ -270,10 +277,7 @@ def offload_list_schedule(problem: Problem, placement: Sequence[int],
         take the room the earlier backward needs."""
         dv = dev[d]
         at = max(dv.free, dv.held)
-        # the backwards of a stage run in microbatch order: its next two are the candidates
-        pending = sorted((due(x, m), (x, m)) for x, waiting in waiting_reload[d].items()
-                         for m in waiting[:2])
-        for when, (s, m) in pending[:most]:
+        for when, (s, m) in reloads_pending(d)[:most]:
             if when == float("inf") or when - lead * split.reload_time(s) > horizon:
                 break
             if not dv.fits(at, transfer_bytes(split, Action(Op.RELOAD, s, m))):
@@ -306,12 +310,12 @@ def offload_list_schedule(problem: Problem, placement: Sequence[int],
         ready at ``ready``, fits ``wait`` and list it (with those before it); the
         forward's start. Nothing listed comes after it, so it holds nothing back."""
         dv = dev[d]
-        if WAIT_KEEPS_RELOAD_ROOM:
+        # each stage's first in line, as revision 34 was measured (its next two would
+        # change two deferred variants of the V shape on ``--stages 16 --mem 40GB``)
+        pending = reloads_pending(d, 1) if WAIT_KEEPS_RELOAD_ROOM else []
+        if pending and pending[0][0] < float("inf"):
             # the room of the next reload due here is not the forward's to take
-            due_next, stage = min(((due(x, m), x) for x, waiting in waiting_reload[d].items()
-                                   for m in waiting[:1]), default=(float("inf"), -1))
-            if due_next < float("inf"):
-                size += transfer_bytes(split, Action(Op.RELOAD, stage, 0))
+            size += transfer_bytes(split, Action(Op.RELOAD, *pending[0][1]))
         for n, (action, _, when) in enumerate(dv.deferred):
             start = max(ready, when)
             if dv.fits(start, size):
