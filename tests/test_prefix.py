@@ -4,6 +4,7 @@ they go into the model, and must add to the memory bound where memory binds."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -229,3 +230,75 @@ def test_ladder_pieces_proven_with_the_smaller_cuts_stay_valid() -> None:
                         time_limit=60, decompose=False)
     assert plain.status == "optimal"
     assert without.makespan_bound(12) < small.makespan_bound(12) <= plain.objective + 1e-6
+
+
+def _optimum_and_cuts(microbatches: int):
+    problem = _half_budget(microbatches)
+    place = linear_placement(4)
+    hints = placement_hints(problem, place, True, None)
+    best = solve_cpsat(problem, warm_start=hints, time_limit=30, decompose=False)
+    assert best.status == "optimal"
+    cuts = prefix_cuts(problem, place, True, time_limit=20, hints=_hints(place, True))
+    return problem, hints, best, cuts
+
+
+def _slower(problem: Problem, hints, optimum: float):
+    """A fitting schedule more than 2% slower than the optimum (outside the probe's
+    reach from the optimum's own bound)."""
+    slow = [h for h in hints if simulate(problem, h).makespan > optimum * 1.02]
+    assert slow, "every fixed schedule is within 2% of the optimum"
+    return slow[0]
+
+
+def test_gap_probe_refutes_below_the_optimum_and_finds_below_a_slower_hint(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gap probe (``cpsat._gap_probe``) asks for a schedule ``PROBE_GAP`` shorter
+    than its hint: from the optimum it must be refuted (its bound is then one tick past
+    the probe's horizon, within the gap of the optimum), and from a slower hint it must
+    return a schedule the simulator times within the horizon."""
+    from optpipe.optimizer import cpsat
+    from optpipe.optimizer.cpsat_model import make_hint, make_ticks
+
+    problem, hints, best, cuts = _optimum_and_cuts(12)
+    ticks = make_ticks(problem, True, False, (1.0,))
+    optimum = make_hint(best.schedule, ticks)
+    below = int(optimum.makespan * 0.99)          # a bound 1% under: the probe applies
+    deadline = cpsat.time.monotonic() + 30
+    out = cpsat._gap_probe(problem, ticks, optimum, below, cuts, cpsat.PROBE_GAP,
+                           deadline, 2)
+    assert out is not None and out.status == "INFEASIBLE" and out.found is None
+    assert out.horizon == int(math.ceil(optimum.makespan * (1 - cpsat.PROBE_GAP))) - 1
+    assert (out.horizon + 1) / ticks.scale >= best.objective * (1 - cpsat.PROBE_GAP) - 1e-9
+    # the hint already within the gap of the bound, or too far from it: no probe
+    assert cpsat._gap_probe(problem, ticks, optimum, optimum.makespan - 1, cuts,
+                            cpsat.PROBE_GAP, deadline, 2) is None
+    slow = make_hint(_slower(problem, hints, best.objective), ticks)
+    assert cpsat._gap_probe(problem, ticks, slow, optimum.makespan, cuts, cpsat.PROBE_GAP,
+                            deadline, 2) is None
+    monkeypatch.setattr(cpsat, "PROBE_WITHIN", 1.0)
+    out = cpsat._gap_probe(problem, ticks, slow, optimum.makespan, cuts, cpsat.PROBE_GAP,
+                           deadline, 2)
+    assert out is not None and out.found is not None and out.status in ("FEASIBLE",
+                                                                         "OPTIMAL")
+    sim = simulate(problem, out.found.schedule)
+    assert sim.fits and sim.makespan <= out.horizon / ticks.scale + 1e-9
+    assert out.bound <= optimum.makespan
+
+
+def test_solve_with_a_gap_probe_agrees_with_the_simulator(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through ``solve_cpsat``: a probe that finds a shorter schedule hands it on as
+    the answer, with the probe's figures in the run's ``extra`` and the simulator's
+    makespan equal to the objective, never below the bound."""
+    from optpipe.optimizer import cpsat
+
+    problem, hints, best, cuts = _optimum_and_cuts(12)
+    monkeypatch.setattr(cpsat, "PROBE_WITHIN", 1.0)
+    slow = _slower(problem, hints, best.objective)
+    run = solve_cpsat(problem, warm_start=[slow], time_limit=30, decompose=False,
+                      cuts=cuts)
+    assert run.extra["gap_probe_status"] in ("FEASIBLE", "OPTIMAL")
+    assert run.extra["gap_probe_horizon"] < simulate(problem, slow).makespan
+    sim = simulate(problem, run.schedule)
+    assert sim.fits and sim.makespan == pytest.approx(run.objective, rel=1e-9)
+    assert run.bound <= best.objective + 1e-9 <= run.objective + 1e-9

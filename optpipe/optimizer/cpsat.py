@@ -76,6 +76,18 @@ TIME_FULL_SHARE = 0.1
 #: improve in nearly every step there. Through the driver, 8 x 64 at S went from 197.15
 #: to 196.65 s (docs/optimizer.md, "Decomposition").
 TIME_FULL_MAX_CELLS = 256
+#: The gap probe (:func:`_gap_probe`): where the full model runs whole and its hint is
+#: within ``PROBE_WITHIN`` of the proven bound but further than the gap asked for (at
+#: least ``PROBE_GAP``), CP-SAT first asks whether a schedule ``PROBE_GAP`` shorter
+#: than the hint exists. Why: at budget S/2 on one stage per device the full model
+#: minimizing from the hint neither proves nor moves its bound in the minute (8 x 64:
+#: not in 300 s), while the probe, whose horizon narrows every time window, is refuted
+#: quickly: by hand (2026-12-06, 2 threads, the driver's answer and prefix cuts) 4 x 64
+#: 325.95 s infeasible in 23 s, 8 x 64 304.75 s in 40 s, 16 x 64 302.45 s in 23 s; at
+#: 0.3% below 4 x 64's answer it was still open after 60 s. 2% covers those hints'
+#: distances to their bounds (0.82-1.4%); further away the hint is rarely the optimum.
+PROBE_GAP = 0.005
+PROBE_WITHIN = 0.02
 #: CP-SAT's work limit for its transitive closure of precedences (its default: 1e6); 0
 #: switches the closure off (why: :func:`new_solver`; `scripts/bench_cpsat_params.py`
 #: measures both).
@@ -237,13 +249,6 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
     if by_time and windows_from_the_start(problem):
         return _windows_from_hints(problem, ticks, hints, lower, deadline, threads,
                                    progress, t0)
-    began = time.monotonic()
-    if offload:
-        builder, handles = build_tight_model(problem, ticks, horizon, lower, hint, levels)
-    else:
-        builder, handles = build_order_model(problem, ticks, horizon, lower, hint,
-                                             cuts=cuts)
-    builder.add_hints()
     if decompose is None:
         # one stage per device: microbatch windows where memory binds the round trip
         # (the optimal steady state is a pattern over microbatches), unless what is
@@ -254,6 +259,44 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
                      and large and horizon > lower * (1 + WINDOWLESS_GAP)
                      and not (cuts is not None
                               and cells <= WINDOWLESS_MAX_CELLS_WITH_CUTS))
+    probe: dict[str, Any] = {}
+    if not offload and not decompose and not by_time:
+        outcome = _gap_probe(problem, ticks, hint, lower, cuts, max(gap, PROBE_GAP),
+                             deadline, threads)
+        if outcome is not None:
+            probe = {"gap_probe_horizon": outcome.horizon / ticks.scale,
+                     "gap_probe_status": outcome.status,
+                     "gap_probe_seconds": round(outcome.seconds, 3)}
+            if outcome.status == "INFEASIBLE":
+                lower = outcome.horizon + 1
+                reporter_bound: float | None = lower
+            elif outcome.found is not None:
+                hint, horizon = outcome.found, outcome.found.makespan
+                hints = [hint] + hints
+                lower = horizon if outcome.status == "OPTIMAL" else \
+                    min(max(lower, outcome.bound), horizon)
+                reporter_bound = lower
+            else:
+                reporter_bound = None
+            if progress is not None and reporter_bound is not None:
+                _Reporter(ticks.scale, progress, t0).on_bound(reporter_bound)
+            if outcome.status == "OPTIMAL" or deadline - time.monotonic() < 1:
+                # proven, or no time left for the full model: the probe's answer stands
+                objective, bound = horizon / ticks.scale, lower / ticks.scale
+                return EngineResult(
+                    schedule=hint.schedule,
+                    status=OPTIMAL if lower >= horizon else FEASIBLE,
+                    objective=objective, bound=bound, gap=relative_gap(objective, bound),
+                    wall_time=time.monotonic() - t0, engine=ENGINE,
+                    extra={**_run_extra(ticks, hint, lower, "order"), **probe,
+                           "solver_objective": objective})
+    began = time.monotonic()
+    if offload:
+        builder, handles = build_tight_model(problem, ticks, horizon, lower, hint, levels)
+    else:
+        builder, handles = build_order_model(problem, ticks, horizon, lower, hint,
+                                             cuts=cuts)
+    builder.add_hints()
     full_share = FULL_SHARE if decompose else TIME_FULL_SHARE if by_time else 1.0
     built = time.monotonic() - began
     first_limit = max(0.1, (deadline - time.monotonic()) * full_share)
@@ -278,6 +321,7 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
              "constraints": len(builder.model.proto.constraints), **handles.size}
     if offload:
         extra["offload_levels"] = list(levels)
+    extra.update(probe)
     status = {cp_model.OPTIMAL: OPTIMAL, cp_model.FEASIBLE: FEASIBLE,
               cp_model.INFEASIBLE: INFEASIBLE, cp_model.MODEL_INVALID: ERROR}.get(code, UNKNOWN)
     # CP-SAT stopped before it reported even the hint: the hint is still a valid answer,
@@ -429,6 +473,58 @@ def _closing_run(problem: Problem, ticks: Ticks, timed: Hint, lower: int,
     found = make_hint(extract_schedule(problem, solver, handles, False), ticks)
     return (found if found.makespan < timed.makespan else timed,
             solver.best_objective_bound, solver.status_name(code), code == cp_model.OPTIMAL)
+
+
+class ProbeOutcome(NamedTuple):
+    """What :func:`_gap_probe` found: CP-SAT's status name for the model cut at
+    ``horizon`` (ticks); ``found``, a schedule within it (FEASIBLE or OPTIMAL), and
+    ``bound``, CP-SAT's bound inside it (a global bound once a schedule is inside:
+    every schedule shorter than the hint is)."""
+
+    status: str
+    horizon: int
+    found: Hint | None
+    bound: int
+    seconds: float
+
+
+def _gap_probe(problem: Problem, ticks: Ticks, hint: Hint, lower: int,
+               cuts: "PrefixCuts | None", gap: float, deadline: float, threads: int
+               ) -> ProbeOutcome | None:
+    """Is there a schedule at most ``horizon``, the longest makespan whose refutation
+    leaves the hint within ``gap`` of the bound? The full model with its horizon there,
+    until ``deadline``; None where no probe is worth it (see :data:`PROBE_GAP`).
+
+    INFEASIBLE raises the bound to ``horizon + 1`` tick; a schedule found is shorter
+    than the hint (and OPTIMAL makes it the optimum: every shorter schedule is inside).
+    The hint is outside the horizon, so it guides CP-SAT only as a partial solution.
+    Only with prefix cuts: every measured refutation used them (their least distances
+    between forwards pin the first stage's forwards to windows a tick-wide horizon
+    cut narrows further).
+    """
+    if cuts is None or hint.makespan <= lower:
+        return None
+    distance = relative_gap(hint.makespan, lower) or 0.0
+    if not gap < distance <= PROBE_WITHIN:
+        return None
+    horizon = int(math.ceil(hint.makespan * (1 - gap) - 1e-9)) - 1
+    if horizon < lower:
+        return None
+    began = time.monotonic()
+    builder, handles = build_order_model(problem, ticks, horizon, lower, hint, cuts=cuts)
+    builder.add_hints()
+    solver = new_solver(max(0.1, deadline - time.monotonic()), threads)
+    code = solver.solve(builder.model)
+    name = solver.status_name(code)
+    found = None
+    bound = lower
+    if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        found = make_hint(extract_schedule(problem, solver, handles, False), ticks)
+        bound = int(math.ceil(solver.best_objective_bound - 1e-9))
+        if found.makespan > horizon:      # re-timed ASAP it is never longer; a guard
+            found = None
+    return ProbeOutcome(status=name, horizon=horizon, found=found, bound=bound,
+                        seconds=time.monotonic() - began)
 
 
 class ReachBound(NamedTuple):
