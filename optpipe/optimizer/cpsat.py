@@ -1,8 +1,9 @@
 """The OR-Tools CP-SAT engine: exact models of the simulator's semantics, solved.
 
 The engine picks a complete hint from the candidate schedules, builds a model, runs
-CP-SAT on it (continuing with the windows of :mod:`.decompose`, and a closing run of
-the full model, where the full model alone does not close the problem), extracts the
+CP-SAT on it (after a gap probe where the hint is near its bound, :func:`_gap_probe`;
+continuing with the windows of :mod:`.decompose`, and a closing run of the full model,
+where the full model alone does not close the problem), extracts the
 schedule and reports its figures in seconds; :func:`solve_reach` and
 :func:`solve_least` run the order model for proven bounds (:mod:`.prefix`). The models
 are modules of their own, one job each:
@@ -212,7 +213,8 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
     continue from the full model's share with windows (:mod:`.decompose`): time
     windows on chunked placements, microbatch windows on one stage per device where
     memory binds the round trip; True forces microbatch windows, False the full model
-    alone. ``seed``: CP-SAT's random seed for the full model's run (its default, 1, when
+    alone; where the full model runs whole near its bound, a gap probe comes first
+    (:data:`PROBE_GAP`). ``seed``: CP-SAT's random seed for the full model's run (its default, 1, when
     None); of several optimal orders it picks which one is returned, which matters to a
     caller that transforms the answer afterwards (:mod:`.offload_starts`). The caller
     must already have checked that the budget is feasible
