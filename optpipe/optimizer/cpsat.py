@@ -261,27 +261,25 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
                      and large and horizon > lower * (1 + WINDOWLESS_GAP)
                      and not (cuts is not None
                               and cells <= WINDOWLESS_MAX_CELLS_WITH_CUTS))
+    reporter = _Reporter(ticks.scale, progress, t0)
     probe: dict[str, Any] = {}
     if not offload and not decompose and not by_time:
+        reporter.best = hint.makespan / ticks.scale
         outcome = _gap_probe(problem, ticks, hint, lower, cuts, max(gap, PROBE_GAP),
-                             deadline, threads)
+                             deadline, threads, reporter.on_bound)
         if outcome is not None:
             probe = {"gap_probe_horizon": outcome.horizon / ticks.scale,
                      "gap_probe_status": outcome.status,
                      "gap_probe_seconds": round(outcome.seconds, 3)}
             if outcome.status == "INFEASIBLE":
                 lower = outcome.horizon + 1
-                reporter_bound: float | None = lower
             elif outcome.found is not None:
                 hint, horizon = outcome.found, outcome.found.makespan
                 hints = [hint] + hints
                 lower = horizon if outcome.status == "OPTIMAL" else \
                     min(max(lower, outcome.bound), horizon)
-                reporter_bound = lower
-            else:
-                reporter_bound = None
-            if progress is not None and reporter_bound is not None:
-                _Reporter(ticks.scale, progress, t0).on_bound(reporter_bound)
+            reporter.best = horizon / ticks.scale
+            reporter.on_bound(lower)
             if outcome.status == "OPTIMAL" or deadline - time.monotonic() < 1:
                 # proven, or no time left for the full model: the probe's answer stands
                 objective, bound = horizon / ticks.scale, lower / ticks.scale
@@ -310,7 +308,6 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
         params.random_seed = seed
     if fix_hint:
         params.fix_variables_to_their_hinted_value = True
-    reporter = _Reporter(ticks.scale, progress, t0)
     solver.best_bound_callback = reporter.on_bound
     solving = time.monotonic()
     code = solver.solve(builder.model, reporter)
@@ -491,8 +488,8 @@ class ProbeOutcome(NamedTuple):
 
 
 def _gap_probe(problem: Problem, ticks: Ticks, hint: Hint, lower: int,
-               cuts: "PrefixCuts | None", gap: float, deadline: float, threads: int
-               ) -> ProbeOutcome | None:
+               cuts: "PrefixCuts | None", gap: float, deadline: float, threads: int,
+               on_bound: Callable[[float], None] | None = None) -> ProbeOutcome | None:
     """Is there a schedule at most ``horizon``, the longest makespan whose refutation
     leaves the hint within ``gap`` of the bound? The full model with its horizon there,
     until ``deadline``; None where no probe is worth it (see :data:`PROBE_GAP`).
@@ -500,6 +497,8 @@ def _gap_probe(problem: Problem, ticks: Ticks, hint: Hint, lower: int,
     INFEASIBLE raises the bound to ``horizon + 1`` tick; a schedule found is shorter
     than the hint (and OPTIMAL makes it the optimum: every shorter schedule is inside).
     The hint is outside the horizon, so it guides CP-SAT only as a partial solution.
+    ``on_bound`` (ticks) sees CP-SAT's bound as it rises: a bound of the problem too
+    (the optimum is inside the horizon if any schedule is, else above every bound).
     Only with prefix cuts: every measured refutation used them (their least distances
     between forwards pin the first stage's forwards to windows a tick-wide horizon
     cut narrows further).
@@ -516,6 +515,8 @@ def _gap_probe(problem: Problem, ticks: Ticks, hint: Hint, lower: int,
     builder, handles = build_order_model(problem, ticks, horizon, lower, hint, cuts=cuts)
     builder.add_hints()
     solver = new_solver(max(0.1, deadline - time.monotonic()), threads)
+    if on_bound is not None:
+        solver.best_bound_callback = on_bound
     code = solver.solve(builder.model)
     name = solver.status_name(code)
     found = None
