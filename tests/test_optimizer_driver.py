@@ -190,6 +190,28 @@ def test_progress_shows_the_whole_search(offload: bool, budget: float,
         assert gap == pytest.approx(max(0.0, (best - bound) / best))
 
 
+def test_live_line_keeps_its_clock_between_reports(capsys: pytest.CaptureFixture) -> None:
+    """Between an engine's reports (a proof or a gap probe can be silent for 20-40 s)
+    the live line is shown again with the time advanced and the last figures; after
+    ``close`` nothing more is written."""
+    import time
+
+    from optpipe.optimizer.progress import LiveLine
+
+    line = LiveLine(delay=0.0, every=0.05)
+    line(2.0, 10.0, 9.0, 0.1)
+    line.start()
+    time.sleep(0.6)
+    line.close()
+    shown = [row for row in capsys.readouterr().err.splitlines() if row.startswith("solving")]
+    assert len(shown) >= 3, shown
+    elapsed = [float(row.split()[1].rstrip("s")) for row in shown]
+    assert elapsed == sorted(elapsed) and elapsed[-1] > elapsed[0]
+    assert all("10.000 s" in row and "9.000 s" in row for row in shown)
+    time.sleep(0.2)
+    assert "solving" not in capsys.readouterr().err
+
+
 @pytest.mark.skipif(importlib.util.find_spec("gurobipy") is not None,
                     reason="gurobipy is installed")
 def test_gurobi_missing_is_one_clear_error() -> None:

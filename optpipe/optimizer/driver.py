@@ -237,6 +237,8 @@ def solve(problem: Problem, *, solver: str = "auto", offload: bool | None = None
     live = None if reporter is None else SearchProgress(
         reporter, t0, spaces, best_fixed.makespan if best_fixed else None, use_offload,
         relaxed)
+    if reporter is not None and hasattr(reporter, "start"):
+        reporter.start()       # the live line's clock runs through the engines' runs
     try:
         union_bound = _search(problem, spaces, runs, fixed, best_fixed, engine=engine,
                               deadline=t0 + time_limit, gap=gap, threads=threads,

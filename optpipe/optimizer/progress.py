@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import sys
+import threading
 import time
 from typing import Callable
 
@@ -111,22 +112,50 @@ def progress_sink(progress: bool | ProgressFn | None) -> ProgressFn | None:
 class LiveLine:
     """One line on stderr, rewritten in place on a terminal, throttled otherwise.
 
-    Shows after the first second only, so quick solves print nothing.
+    Shows after the first second only, so quick solves print nothing. Between reports
+    the line keeps its clock going (:meth:`start`): a CP-SAT run reports only new
+    schedules and bounds, and a proof or a gap probe can go 20-40 s without either
+    (4 x 64 at S/2, one stage per device: the probe's 23 s), which on a terminal looked
+    like a hang.
     """
 
-    def __init__(self, delay: float = 1.0, every: float = 10.0) -> None:
-        self.delay, self.every = delay, every
+    def __init__(self, delay: float = 1.0, every: float = 10.0, tick: float = 1.0) -> None:
+        self.delay, self.every, self.tick = delay, every, tick
         self.tty = sys.stderr.isatty()
         self.last_print = -math.inf
         self.shown = False
         self.best: float | None = None
         self.bound: float | None = None
+        self.origin: float | None = None     # the solve's t0 on this clock
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._ticker: threading.Thread | None = None
 
     def __call__(self, elapsed: float, best: float | None, bound: float | None,
                  gap: float | None) -> None:
         # the search's own view (SearchProgress): kept for the next throttled print
-        self.best = best if best is not None else self.best
-        self.bound = bound if bound is not None else self.bound
+        with self._lock:
+            self.origin = time.monotonic() - elapsed
+            self.best = best if best is not None else self.best
+            self.bound = bound if bound is not None else self.bound
+            self._show(elapsed)
+
+    def start(self) -> None:
+        """Keep the line's clock going until :meth:`close`: a daemon thread re-shows it
+        every ``tick`` seconds (each ``every`` seconds off a terminal) with the last
+        incumbent and bound."""
+        if self._ticker is not None:
+            return
+
+        def run() -> None:
+            while not self._stop.wait(self.tick if self.tty else self.every):
+                with self._lock:
+                    if self.origin is not None:
+                        self._show(time.monotonic() - self.origin)
+        self._ticker = threading.Thread(target=run, name="optpipe-live-line", daemon=True)
+        self._ticker.start()
+
+    def _show(self, elapsed: float) -> None:
         if elapsed < self.delay:
             return
         if not self.tty and elapsed - self.last_print < self.every:
@@ -145,6 +174,10 @@ class LiveLine:
         self.shown = True
 
     def close(self) -> None:
+        self._stop.set()
+        if self._ticker is not None:
+            self._ticker.join()
+            self._ticker = None
         if self.shown and self.tty:
             sys.stderr.write("\n")
             sys.stderr.flush()
