@@ -190,6 +190,28 @@ def test_progress_shows_the_whole_search(offload: bool, budget: float,
         assert gap == pytest.approx(max(0.0, (best - bound) / best))
 
 
+def test_status_names_a_bound_that_comes_from_a_refuted_gap_probe() -> None:
+    """The answer's bound from a refuted gap probe is said so in the status message;
+    where the answer's bound is lower (another placement's), the probe is not named."""
+    from optpipe.optimizer.result import FEASIBLE, EngineResult
+
+    problem = uniform_problem(3, 4).activation_budget(2)
+    fitting = next(c for c in fixed_schedules(problem).candidates
+                   if c.fits and not c.schedule.offloads)
+    makespan = fitting.makespan
+    horizon = round(makespan * 0.995, 3)
+
+    def run() -> EngineResult:
+        return EngineResult(schedule=fitting.schedule, status=FEASIBLE, objective=makespan,
+                            bound=horizon + 0.001, gap=None, wall_time=1.0, engine="cpsat",
+                            extra={"gap_probe_status": "INFEASIBLE",
+                                   "gap_probe_horizon": horizon, "gap_probe_seconds": 23.0})
+    chosen = driver._choose(problem, [run()], None, 1.0, horizon + 0.001, 0.0)
+    assert "bound from a gap probe" in chosen.message and "23 s" in chosen.message
+    lower = driver._choose(problem, [run()], None, 1.0, horizon * 0.9, 0.0)
+    assert "gap probe" not in lower.message
+
+
 def test_live_line_keeps_its_clock_between_reports(capsys: pytest.CaptureFixture) -> None:
     """Between an engine's reports (a proof or a gap probe can be silent for 20-40 s)
     the live line is shown again with the time advanced and the last figures; after

@@ -54,7 +54,7 @@ from optpipe.problem import Problem
 from optpipe.schedule import (Schedule, linear_placement, placement_name,
                               searched_placements)
 from optpipe.simulator import SimResult, simulate
-from optpipe.units import format_bytes
+from optpipe.units import format_bytes, format_seconds
 
 if TYPE_CHECKING:
     from optpipe.optimizer.offload_list import RandomizedSearch
@@ -689,6 +689,7 @@ def _choose(problem: Problem, runs: list[EngineResult], best_fixed: Candidate | 
     the status is ``optimal`` when the returned schedule is within ``gap`` of it.
     """
     best: SolveResult | None = None
+    best_run: EngineResult | None = None
     notes: list[str] = []
     for run in runs:
         if run.schedule is None:
@@ -711,6 +712,7 @@ def _choose(problem: Problem, runs: list[EngineResult], best_fixed: Candidate | 
             best = SolveResult(schedule=run.schedule, sim=sim, status=run.status,
                                objective=run.objective, bound=None, gap=None,
                                wall_time=wall, engine=run.engine)
+            best_run = run
     if best_fixed is not None and best is None and not runs and bound is not None and \
             best_fixed.makespan <= bound * (1 + 1e-9):
         return SolveResult(schedule=best_fixed.schedule, sim=best_fixed.result,
@@ -743,8 +745,22 @@ def _choose(problem: Problem, runs: list[EngineResult], best_fixed: Candidate | 
         if best.status in (OPTIMAL, FEASIBLE):
             best.status = OPTIMAL if best.gap <= gap + 1e-9 else FEASIBLE
     if best.status != FALLBACK and not own:
-        best.message = "; ".join(notes)
+        best.message = "; ".join(notes + _probe_note(best, best_run))
     return best
+
+
+def _probe_note(best: SolveResult, run: EngineResult | None) -> list[str]:
+    """Where the answer's bound is a refuted gap probe's (:func:`~.cpsat._gap_probe`),
+    say so: the bound then comes from no schedule existing below a horizon, not from
+    CP-SAT's search, which a reader of the status line would otherwise assume."""
+    if run is None or run.schedule is not best.schedule or best.bound is None or \
+            run.extra.get("gap_probe_status") != "INFEASIBLE":
+        return []
+    horizon = float(run.extra["gap_probe_horizon"])
+    if best.bound < horizon:
+        return []
+    return [f"bound from a gap probe: no schedule of at most {format_seconds(horizon)} "
+            f"(refuted in {float(run.extra['gap_probe_seconds']):.0f} s)"]
 
 
 def _what(candidate: Candidate) -> str:
