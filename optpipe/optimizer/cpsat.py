@@ -264,7 +264,7 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
     reporter = _Reporter(ticks.scale, progress, t0)
     probe: dict[str, Any] = {}
     if not offload and not decompose and not by_time:
-        reporter.best = hint.makespan / ticks.scale
+        reporter.best = hint.makespan / ticks.scale     # the probe's bounds beside it
         outcome = _gap_probe(problem, ticks, hint, lower, cuts, max(gap, PROBE_GAP),
                              deadline, threads, reporter.on_bound)
         if outcome is not None:
@@ -462,16 +462,31 @@ def _closing_run(problem: Problem, ticks: Ticks, timed: Hint, lower: int,
     (ticks; ``lower`` when it reported nothing), CP-SAT's status name, and whether it
     proved optimality.
     """
-    builder, handles = build_order_model(problem, ticks, timed.makespan, lower, timed,
-                                         cuts=cuts)
-    builder.add_hints()
-    solver = new_solver(max(0.1, deadline - time.monotonic()), threads)
-    code = solver.solve(builder.model)
-    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+    code, solver, found = _order_run(problem, ticks, timed.makespan, lower, timed, cuts,
+                                     deadline, threads)
+    if found is None:
         return timed, float(lower), solver.status_name(code), False
-    found = make_hint(extract_schedule(problem, solver, handles, False), ticks)
     return (found if found.makespan < timed.makespan else timed,
             solver.best_objective_bound, solver.status_name(code), code == cp_model.OPTIMAL)
+
+
+def _order_run(problem: Problem, ticks: Ticks, horizon: int, lower: int, hint: Hint,
+               cuts: "PrefixCuts | None", deadline: float, threads: int,
+               on_bound: Callable[[float], None] | None = None
+               ) -> tuple[int, cp_model.CpSolver, Hint | None]:
+    """The order model within ``[lower, horizon]``, hinted with ``hint``, solved until
+    ``deadline``: CP-SAT's status code, the solver (for its bound) and the schedule it
+    found, re-timed (None when it found none). What the closing run and the gap probe
+    both run; ``on_bound`` sees CP-SAT's bound as it rises."""
+    builder, handles = build_order_model(problem, ticks, horizon, lower, hint, cuts=cuts)
+    builder.add_hints()
+    solver = new_solver(max(0.1, deadline - time.monotonic()), threads)
+    if on_bound is not None:
+        solver.best_bound_callback = on_bound
+    code = solver.solve(builder.model)
+    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return code, solver, None
+    return code, solver, make_hint(extract_schedule(problem, solver, handles, False), ticks)
 
 
 class ProbeOutcome(NamedTuple):
@@ -512,22 +527,13 @@ def _gap_probe(problem: Problem, ticks: Ticks, hint: Hint, lower: int,
     if horizon < lower:
         return None
     began = time.monotonic()
-    builder, handles = build_order_model(problem, ticks, horizon, lower, hint, cuts=cuts)
-    builder.add_hints()
-    solver = new_solver(max(0.1, deadline - time.monotonic()), threads)
-    if on_bound is not None:
-        solver.best_bound_callback = on_bound
-    code = solver.solve(builder.model)
-    name = solver.status_name(code)
-    found = None
-    bound = lower
-    if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        found = make_hint(extract_schedule(problem, solver, handles, False), ticks)
-        bound = int(math.ceil(solver.best_objective_bound - 1e-9))
-        if found.makespan > horizon:      # re-timed ASAP it is never longer; a guard
-            found = None
-    return ProbeOutcome(status=name, horizon=horizon, found=found, bound=bound,
-                        seconds=time.monotonic() - began)
+    code, solver, found = _order_run(problem, ticks, horizon, lower, hint, cuts, deadline,
+                                     threads, on_bound)
+    bound = lower if found is None else int(math.ceil(solver.best_objective_bound - 1e-9))
+    if found is not None and found.makespan > horizon:   # re-timed ASAP: never; a guard
+        found = None
+    return ProbeOutcome(status=solver.status_name(code), horizon=horizon, found=found,
+                        bound=bound, seconds=time.monotonic() - began)
 
 
 class ReachBound(NamedTuple):
