@@ -232,8 +232,11 @@ def test_ladder_pieces_proven_with_the_smaller_cuts_stay_valid() -> None:
     assert without.makespan_bound(12) < small.makespan_bound(12) <= plain.objective + 1e-6
 
 
-def _optimum_and_cuts(microbatches: int):
-    problem = _half_budget(microbatches)
+@pytest.fixture(scope="module")
+def optimum_and_cuts():
+    """4 x 12 at half of 1F1B's memory: the problem, its fitting fixed schedules, its
+    proven optimum and its prefix cuts (solved once for the gap probe's tests)."""
+    problem = _half_budget(12)
     place = linear_placement(4)
     hints = placement_hints(problem, place, True, None)
     best = solve_cpsat(problem, warm_start=hints, time_limit=30, decompose=False)
@@ -251,7 +254,7 @@ def _slower(problem: Problem, hints, optimum: float):
 
 
 def test_gap_probe_refutes_below_the_optimum_and_finds_below_a_slower_hint(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        optimum_and_cuts, monkeypatch: pytest.MonkeyPatch) -> None:
     """The gap probe (``cpsat._gap_probe``) asks for a schedule ``PROBE_GAP`` shorter
     than its hint: from the optimum it must be refuted (its bound is then one tick past
     the probe's horizon, within the gap of the optimum), and from a slower hint it must
@@ -259,7 +262,7 @@ def test_gap_probe_refutes_below_the_optimum_and_finds_below_a_slower_hint(
     from optpipe.optimizer import cpsat
     from optpipe.optimizer.cpsat_model import make_hint, make_ticks
 
-    problem, hints, best, cuts = _optimum_and_cuts(12)
+    problem, hints, best, cuts = optimum_and_cuts
     ticks = make_ticks(problem, True, False, (1.0,))
     optimum = make_hint(best.schedule, ticks)
     below = int(optimum.makespan * 0.99)          # a bound 1% under: the probe applies
@@ -286,13 +289,13 @@ def test_gap_probe_refutes_below_the_optimum_and_finds_below_a_slower_hint(
 
 
 def test_solve_with_a_gap_probe_agrees_with_the_simulator(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        optimum_and_cuts, monkeypatch: pytest.MonkeyPatch) -> None:
     """Through ``solve_cpsat``: a probe that finds a shorter schedule hands it on as
     the answer, with the probe's figures in the run's ``extra`` and the simulator's
     makespan equal to the objective, never below the bound."""
     from optpipe.optimizer import cpsat
 
-    problem, hints, best, cuts = _optimum_and_cuts(12)
+    problem, hints, best, cuts = optimum_and_cuts
     monkeypatch.setattr(cpsat, "PROBE_WITHIN", 1.0)
     slow = _slower(problem, hints, best.objective)
     run = solve_cpsat(problem, warm_start=[slow], time_limit=30, decompose=False,
