@@ -83,9 +83,9 @@ TIME_FULL_MAX_CELLS = 256
 #: than the hint exists. Why: at budget S/2 on one stage per device the full model
 #: minimizing from the hint neither proves nor moves its bound in the minute (8 x 64:
 #: not in 300 s), while the probe, whose horizon narrows every time window, is refuted
-#: quickly: by hand (2026-12-06, 2 threads, the driver's answer and prefix cuts) 4 x 64
-#: 325.95 s infeasible in 23 s, 8 x 64 304.75 s in 40 s, 16 x 64 302.45 s in 23 s; at
-#: 0.3% below 4 x 64's answer it was still open after 60 s. 2% covers those hints'
+#: quickly (`scripts/bench_gap_probe.py`, 2026-12-06, 2 threads, from the driver's
+#: answer with its prefix cuts): 4 x 64 325.95 s infeasible in 24 s, 8 x 64 304.75 s in
+#: 40 s; 0.3% below 4 x 64's answer still open after 60 s. 2% covers those hints'
 #: distances to their bounds (0.82-1.4%); further away the hint is rarely the optimum.
 PROBE_GAP = 0.005
 PROBE_WITHIN = 0.02
