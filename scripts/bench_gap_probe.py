@@ -54,6 +54,8 @@ SPREAD_MARKERS = "<!-- gap-probe-spread:start -->", "<!-- gap-probe-spread:end -
 DEFAULT_CASES = "4x64:0.005/0.003,8x64,16x64"
 #: The largest piece the driver solves before its ladder (``prefix.MAX_PIECE``).
 SMALL = 16
+#: The driver's CP-SAT workers on this benchmark (2 cores): the probe's default.
+DRIVER_THREADS = 2
 
 
 def parse_case(text: str) -> tuple[int, int, list[float]]:
@@ -63,7 +65,8 @@ def parse_case(text: str) -> tuple[int, int, list[float]]:
     return stages, microbatches, [float(g) for g in gaps.split("/")] if gaps else [0.005]
 
 
-def probe(problem, answer, cuts, gap: float, seconds: float, threads: int = 2) -> str:
+def probe(problem, answer, cuts, gap: float, seconds: float,
+          threads: int = DRIVER_THREADS) -> str:
     """One probe from ``answer`` with ``cuts``: its horizon, outcome and wall time."""
     from optpipe.optimizer.cpsat import new_solver
     from optpipe.optimizer.cpsat_model import make_hint, make_ticks
@@ -78,7 +81,8 @@ def probe(problem, answer, cuts, gap: float, seconds: float, threads: int = 2) -
     solver = new_solver(seconds, threads)
     code = solver.solve(builder.model)
     wall = time.monotonic() - t0
-    workers = "" if threads == 2 else f" ({threads} worker{'s' if threads > 1 else ''})"
+    workers = ("" if threads == DRIVER_THREADS
+               else f" ({threads} worker{'s' if threads > 1 else ''})")
     return (f"{gap:.1%} below{workers}: {horizon / ticks.scale:.2f} s "
             f"{solver.status_name(code).lower()} in {wall:.1f} s")
 
@@ -100,8 +104,9 @@ def driver_run(problem, seconds: float):
 
 def row(stages: int, microbatches: int, gaps: list[float], seconds: float,
         cuts_seconds: float, probe_seconds: float, small_pieces: bool,
-        driver_runs: int = 1, probe_threads: tuple[int, ...] = (2,)) -> str:
+        driver_runs: int = 1, probe_threads: tuple[int, ...] = (DRIVER_THREADS,)) -> str:
     """The case's line of the table."""
+    from optpipe.optimizer.cpsat import PROBE_GAP
     from optpipe.optimizer.prefix import PrefixCuts, prefix_cuts, truncated_hints
 
     problem = bench_problem(stages, microbatches, stages * 0.5, False)
@@ -109,10 +114,10 @@ def row(stages: int, microbatches: int, gaps: list[float], seconds: float,
     for run in range(driver_runs):
         result, text = driver_run(problem, seconds)
         answer = answer or result.schedule
-        within += result.gap is not None and result.gap <= 0.005 + 1e-9
+        within += result.gap is not None and result.gap <= PROBE_GAP + 1e-9
         texts.append(text if driver_runs == 1 else f"run {run + 1}: {text}")
         print(f"  {stages}x{microbatches} driver: {texts[-1]}", flush=True)
-    driver = "; ".join(texts) + (f" (**{within} of {driver_runs} within 0.5%**)"
+    driver = "; ".join(texts) + (f" (**{within} of {driver_runs} within {PROBE_GAP:.1%}**)"
                                  if driver_runs > 1 else "")
     t0 = time.monotonic()
     cuts = prefix_cuts(problem, answer.placement, True, time_limit=cuts_seconds,
@@ -121,7 +126,7 @@ def row(stages: int, microbatches: int, gaps: list[float], seconds: float,
     print(f"  {stages}x{microbatches} cuts: {chain}", flush=True)
     probes = [probe(problem, answer, cuts, gap, probe_seconds) for gap in gaps]
     probes += [probe(problem, answer, cuts, gaps[0], probe_seconds, threads)
-               for threads in probe_threads if threads != 2]
+               for threads in probe_threads if threads != DRIVER_THREADS]
     if small_pieces:
         small = PrefixCuts(reach={n: v for n, v in cuts.reach.items() if n <= SMALL},
                            whole={n: v for n, v in cuts.whole.items() if n <= SMALL})
@@ -166,7 +171,8 @@ def main() -> None:
         lines.append(row(stages, microbatches, gaps, args.seconds, args.cuts_seconds,
                          args.probe_seconds, f"{stages}x{microbatches}" in small,
                          args.driver_runs, probe_threads))
-    caption = (f"Measured with `python {shlex.join(['scripts/bench_gap_probe.py'] + sys.argv[1:])}` "
+    command = shlex.join(["scripts/bench_gap_probe.py"] + sys.argv[1:])
+    caption = (f"Measured with `python {command}` "
                f"({time.strftime('%Y-%m-%d')}, 2 cores, 2 solver threads; budget S/2, "
                f"F = B = W = 1 s, p2p 0.05 s; driver {args.seconds:g} s, cuts "
                f"{args.cuts_seconds:g} s, each probe up to {args.probe_seconds:g} s).")
