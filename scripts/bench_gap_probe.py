@@ -78,7 +78,7 @@ def probe(problem, answer, cuts, gap: float, seconds: float,
     horizon = int(math.ceil(hint.makespan * (1 - gap) - 1e-9)) - 1
     builder, _ = build_order_model(problem, ticks, horizon, 0, hint, cuts=cuts)
     builder.add_hints()
-    solver = new_solver(seconds, threads)
+    solver = new_solver(seconds, threads, proof=True)      # as the driver runs it
     code = solver.solve(builder.model)
     wall = time.monotonic() - t0
     workers = ("" if threads == DRIVER_THREADS

@@ -179,6 +179,27 @@ def test_exact_reach_pieces_are_not_solved_again(monkeypatch) -> None:
     assert merged.reach == first.reach and merged.exact_reach == first.exact_reach
 
 
+def test_the_proof_runs_setting_changes_no_proven_piece(monkeypatch) -> None:
+    """The pieces run without CP-SAT's disjunctive precedences
+    (``cpsat.PROOF_DISJUNCTIVE_PRECEDENCES``, a propagation option: it may change how
+    fast a proof ends, never what it proves); with it on they prove the same values,
+    every piece exactly, and the searches that are not proofs keep CP-SAT's default."""
+    import optpipe.optimizer.cpsat as cpsat
+
+    assert cpsat.new_solver(1, 1, proof=True).parameters.\
+        use_precedences_in_disjunctive_constraint == cpsat.PROOF_DISJUNCTIVE_PRECEDENCES
+    assert cpsat.new_solver(1, 1).parameters.use_precedences_in_disjunctive_constraint
+    problem = _half_budget(7)
+    place = linear_placement(4)
+    found = []
+    for setting in (False, True):
+        monkeypatch.setattr(cpsat, "PROOF_DISJUNCTIVE_PRECEDENCES", setting)
+        cuts = prefix_cuts(problem, place, True, time_limit=60, hints=_hints(place, True))
+        assert cuts.exact == set(cuts.whole) and cuts.exact_reach == set(cuts.reach)
+        found.append((cuts.whole, cuts.reach))
+    assert found[0] == found[1]
+
+
 def test_the_largest_piece_can_be_smaller() -> None:
     """``largest`` caps the pieces (the chunked placements' are slower to prove): on the
     V shape at 4 x 6, pieces up to 3 are solved and proven, none larger, and their

@@ -93,6 +93,16 @@ PROBE_WITHIN = 0.02
 #: switches the closure off (why: :func:`new_solver`; `scripts/bench_cpsat_params.py`
 #: measures both).
 TRANSITIVE_PRECEDENCES_WORK_LIMIT = 0
+#: CP-SAT's use of the precedences between intervals inside its no-overlap constraints
+#: (its default: on), in the runs whose job is a proof (``new_solver(proof=True)``: the
+#: prefix cuts' pieces, a full model with the cuts and no windows, the gap probe).
+#: Why off there: those runs search little and propagate much (about 110
+#: conflicts a second in the 8 x 64 probe, CP-SAT's log), and this propagator reads
+#: the thousands of precedences of our order models at every node; without it the
+#: pieces, the probes and the 16 x 32 full model with cuts at S/2 were proven sooner
+#: (``scripts/bench_disjunctive.py``). Left on elsewhere: the searches for schedules
+#: were not measured without it.
+PROOF_DISJUNCTIVE_PRECEDENCES = False
 DEFAULT_LEVELS: tuple[float, ...] = (1.0,)
 
 
@@ -171,10 +181,11 @@ class NoHint(Exception):
     """No fixed schedule on the requested placement fits (only for chunked placements)."""
 
 
-def new_solver(seconds: float, threads: int) -> cp_model.CpSolver:
+def new_solver(seconds: float, threads: int, proof: bool = False) -> cp_model.CpSolver:
     """A CP-SAT solver as every model here runs it: ``seconds``, ``threads`` workers,
     presolve probing off (how the order model was proven in the prototypes), and no
-    transitive closure of the precedences when the model is loaded.
+    transitive closure of the precedences when the model is loaded; with ``proof``
+    (a run whose job is a bound), :data:`PROOF_DISJUNCTIVE_PRECEDENCES`.
 
     Why the last: our models are thousands of precedences (dependencies, FIFO chains,
     the orders memory implies, enforced order literals), and CP-SAT's closure of them
@@ -190,6 +201,9 @@ def new_solver(seconds: float, threads: int) -> cp_model.CpSolver:
     solver.parameters.num_workers = max(1, threads)
     solver.parameters.cp_model_probing_level = 0
     solver.parameters.transitive_precedences_work_limit = TRANSITIVE_PRECEDENCES_WORK_LIMIT
+    if proof:
+        solver.parameters.use_precedences_in_disjunctive_constraint = \
+            PROOF_DISJUNCTIVE_PRECEDENCES
     return solver
 
 
@@ -200,7 +214,8 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
                 progress: ProgressFn | None = None, log: bool = False,
                 fix_hint: bool = False, decompose: bool | None = None,
                 placement: Sequence[int] | None = None,
-                cuts: "PrefixCuts | None" = None, seed: int | None = None) -> EngineResult:
+                cuts: "PrefixCuts | None" = None, seed: int | None = None,
+                proof: bool = False) -> EngineResult:
     """Solve ``problem`` with CP-SAT; the best schedule found, or the hint's if none.
 
     ``warm_start`` (one schedule or several, best first) becomes a complete hint and its
@@ -218,7 +233,10 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
     None); of several optimal orders it picks which one is returned, which matters to a
     caller that transforms the answer afterwards (:mod:`.offload_starts`). The caller
     must already have checked that the budget is feasible
-    (:func:`~.preprocess.min_budgets`).
+    (:func:`~.preprocess.min_budgets`). ``proof``: the caller wants the bound more than
+    the schedule (a piece of the prefix cuts, whose hint is usually its optimum), so the
+    full model runs as the proofs do (:func:`new_solver`); so does a full model with
+    ``cuts`` and no windows.
     """
     t0 = time.monotonic()
     decompose_auto = decompose is None
@@ -261,6 +279,10 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
                      and large and horizon > lower * (1 + WINDOWLESS_GAP)
                      and not (cuts is not None
                               and cells <= WINDOWLESS_MAX_CELLS_WITH_CUTS))
+    # the full model with the prefix cuts and no windows is a proof attempt (a ladder
+    # piece, the extended schedules' source, one stage per device at S/2 up to
+    # WINDOWLESS_MAX_CELLS_WITH_CUTS): it runs as the proofs do
+    proof = proof or (cuts is not None and not offload and not decompose and not by_time)
     reporter = _Reporter(ticks.scale, progress, t0)
     probe: dict[str, Any] = {}
     if not offload and not decompose and not by_time:
@@ -300,7 +322,7 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
     full_share = FULL_SHARE if decompose else TIME_FULL_SHARE if by_time else 1.0
     built = time.monotonic() - began
     first_limit = max(0.1, (deadline - time.monotonic()) * full_share)
-    solver = new_solver(first_limit, threads)
+    solver = new_solver(first_limit, threads, proof=proof)
     params = solver.parameters
     params.relative_gap_limit = max(0.0, gap)
     params.log_search_progress = log
@@ -472,15 +494,17 @@ def _closing_run(problem: Problem, ticks: Ticks, timed: Hint, lower: int,
 
 def _order_run(problem: Problem, ticks: Ticks, horizon: int, lower: int, hint: Hint,
                cuts: "PrefixCuts | None", deadline: float, threads: int,
-               on_bound: Callable[[float], None] | None = None
+               on_bound: Callable[[float], None] | None = None, proof: bool = False
                ) -> tuple[int, cp_model.CpSolver, Hint | None]:
     """The order model within ``[lower, horizon]``, hinted with ``hint``, solved until
     ``deadline``: CP-SAT's status code, the solver (for its bound) and the schedule it
     found, re-timed (None when it found none). What the closing run and the gap probe
-    both run; ``on_bound`` sees CP-SAT's bound as it rises."""
+    both run; ``on_bound`` sees CP-SAT's bound as it rises; ``proof`` as in
+    :func:`new_solver` (the probe's; the closing run, which also searches, keeps
+    CP-SAT's default: not measured without it)."""
     builder, handles = build_order_model(problem, ticks, horizon, lower, hint, cuts=cuts)
     builder.add_hints()
-    solver = new_solver(max(0.1, deadline - time.monotonic()), threads)
+    solver = new_solver(max(0.1, deadline - time.monotonic()), threads, proof=proof)
     if on_bound is not None:
         solver.best_bound_callback = on_bound
     code = solver.solve(builder.model)
@@ -528,7 +552,7 @@ def _gap_probe(problem: Problem, ticks: Ticks, hint: Hint, lower: int,
         return None
     began = time.monotonic()
     code, solver, found = _order_run(problem, ticks, horizon, lower, hint, cuts, deadline,
-                                     threads, on_bound)
+                                     threads, on_bound, proof=True)
     bound = lower if found is None else int(math.ceil(solver.best_objective_bound - 1e-9))
     if found is not None and found.makespan > horizon:   # re-timed ASAP: never; a guard
         found = None
@@ -597,7 +621,7 @@ def solve_least(problem: Problem, objective: Callable[..., Any], *,
         builder.model.add(condition(handles.start, handles.makespan, g.duration))
     builder.model.minimize(objective(handles.start, handles.makespan, g.duration))
     builder.add_hints()
-    solver = new_solver(max(0.05, time_limit), threads)
+    solver = new_solver(max(0.05, time_limit), threads, proof=True)
     code = solver.solve(builder.model)
     if code == cp_model.INFEASIBLE:
         return ReachBound(math.inf, True)

@@ -190,7 +190,7 @@ def prefix_cuts(problem: Problem, placement: Sequence[int] | None, split_backwar
                 run = solve_cpsat(smaller, warm_start=starts, time_limit=share,
                                   threads=threads, split_backward=split_backward,
                                   placement=placement, decompose=False,
-                                  cuts=model_cuts)
+                                  cuts=model_cuts, proof=True)
             except NoHint:
                 return
             cuts.record_whole(n, run.bound, run.status == OPTIMAL)
