@@ -33,7 +33,6 @@ docs/optimizer-log.md between markers.
 from __future__ import annotations
 
 import argparse
-import math
 import shlex
 import sys
 import time
@@ -42,7 +41,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench_gap_probe import DRIVER_THREADS, SMALL, driver_run  # noqa: E402
+from bench_gap_probe import SMALL, driver_run, refute  # noqa: E402
 from bench_solver import bench_problem  # noqa: E402
 from docblock import publish  # noqa: E402
 
@@ -70,20 +69,7 @@ def cuts_for(problem, answer, seconds: float):
 def probe_seconds(problem, answer, cuts, seed: int, seconds: float) -> str:
     """The gap probe from ``answer`` with ``cuts`` and CP-SAT seed ``seed``: its
     outcome and wall time (model building included)."""
-    from optpipe.optimizer.cpsat_model import make_hint, make_ticks
-    from optpipe.optimizer.cpsat_order import build_order_model
-
-    t0 = time.monotonic()
-    ticks = make_ticks(problem, True, False, (1.0,), None)
-    hint = make_hint(answer, ticks)
-    horizon = int(math.ceil(hint.makespan * (1 - cpsat.PROBE_GAP) - 1e-9)) - 1
-    builder, _ = build_order_model(problem, ticks, horizon, 0, hint, cuts=cuts)
-    builder.add_hints()
-    solver = cpsat.new_solver(seconds, DRIVER_THREADS, proof=True)
-    solver.parameters.random_seed = seed
-    code = solver.solve(builder.model)
-    wall = time.monotonic() - t0
-    status = solver.status_name(code)
+    _, status, wall = refute(problem, answer, cuts, cpsat.PROBE_GAP, seconds, seed=seed)
     return f"{wall:.1f} s" if status == "INFEASIBLE" else f"{status.lower()} after {wall:.0f} s"
 
 

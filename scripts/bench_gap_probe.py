@@ -65,9 +65,12 @@ def parse_case(text: str) -> tuple[int, int, list[float]]:
     return stages, microbatches, [float(g) for g in gaps.split("/")] if gaps else [0.005]
 
 
-def probe(problem, answer, cuts, gap: float, seconds: float,
-          threads: int = DRIVER_THREADS) -> str:
-    """One probe from ``answer`` with ``cuts``: its horizon, outcome and wall time."""
+def refute(problem, answer, cuts, gap: float, seconds: float,
+           threads: int = DRIVER_THREADS, seed: int | None = None
+           ) -> tuple[float, str, float]:
+    """The probe as the driver runs it, from ``answer`` with ``cuts`` (CP-SAT seed
+    ``seed``, its default when None): its horizon in seconds, CP-SAT's status name and
+    the wall time, model building included."""
     from optpipe.optimizer.cpsat import new_solver
     from optpipe.optimizer.cpsat_model import make_hint, make_ticks
     from optpipe.optimizer.cpsat_order import build_order_model
@@ -78,13 +81,20 @@ def probe(problem, answer, cuts, gap: float, seconds: float,
     horizon = int(math.ceil(hint.makespan * (1 - gap) - 1e-9)) - 1
     builder, _ = build_order_model(problem, ticks, horizon, 0, hint, cuts=cuts)
     builder.add_hints()
-    solver = new_solver(seconds, threads, proof=True)      # as the driver runs it
+    solver = new_solver(seconds, threads, proof=True)
+    if seed is not None:
+        solver.parameters.random_seed = seed
     code = solver.solve(builder.model)
-    wall = time.monotonic() - t0
+    return horizon / ticks.scale, solver.status_name(code), time.monotonic() - t0
+
+
+def probe(problem, answer, cuts, gap: float, seconds: float,
+          threads: int = DRIVER_THREADS) -> str:
+    """One probe from ``answer`` with ``cuts``: its horizon, outcome and wall time."""
+    horizon, status, wall = refute(problem, answer, cuts, gap, seconds, threads)
     workers = ("" if threads == DRIVER_THREADS
                else f" ({threads} worker{'s' if threads > 1 else ''})")
-    return (f"{gap:.1%} below{workers}: {horizon / ticks.scale:.2f} s "
-            f"{solver.status_name(code).lower()} in {wall:.1f} s")
+    return f"{gap:.1%} below{workers}: {horizon:.2f} s {status.lower()} in {wall:.1f} s"
 
 
 def driver_run(problem, seconds: float):

@@ -282,10 +282,11 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
     # the full model with the prefix cuts and no windows is a proof attempt (a ladder
     # piece, the extended schedules' source, one stage per device at S/2 up to
     # WINDOWLESS_MAX_CELLS_WITH_CUTS): it runs as the proofs do
-    proof = proof or (cuts is not None and not offload and not decompose and not by_time)
+    whole = not offload and not decompose and not by_time
+    proof = proof or (whole and cuts is not None)
     reporter = _Reporter(ticks.scale, progress, t0)
     probe: dict[str, Any] = {}
-    if not offload and not decompose and not by_time:
+    if whole:
         reporter.best = hint.makespan / ticks.scale     # the probe's bounds beside it
         outcome = _gap_probe(problem, ticks, hint, lower, cuts, max(gap, PROBE_GAP),
                              deadline, threads, reporter.on_bound)
