@@ -34,7 +34,6 @@ docs/optimizer-log.md between markers.
 from __future__ import annotations
 
 import argparse
-import math
 import shlex
 import sys
 import time
@@ -71,14 +70,14 @@ def refute(problem, answer, cuts, gap: float, seconds: float,
     """The probe as the driver runs it, from ``answer`` with ``cuts`` (CP-SAT seed
     ``seed``, its default when None): its horizon in seconds, CP-SAT's status name and
     the wall time, model building included."""
-    from optpipe.optimizer.cpsat import new_solver
+    from optpipe.optimizer.cpsat import new_solver, probe_horizon
     from optpipe.optimizer.cpsat_model import make_hint, make_ticks
     from optpipe.optimizer.cpsat_order import build_order_model
 
     t0 = time.monotonic()
     ticks = make_ticks(problem, True, False, (1.0,), None)
     hint = make_hint(answer, ticks)
-    horizon = int(math.ceil(hint.makespan * (1 - gap) - 1e-9)) - 1
+    horizon = probe_horizon(hint.makespan, gap)
     builder, _ = build_order_model(problem, ticks, horizon, 0, hint, cuts=cuts)
     builder.add_hints()
     solver = new_solver(seconds, threads, proof=True)

@@ -527,6 +527,14 @@ class ProbeOutcome(NamedTuple):
     seconds: float
 
 
+def probe_horizon(makespan: int, gap: float) -> int:
+    """The gap probe's horizon (ticks) from an answer of ``makespan`` ticks: the
+    longest makespan whose refutation leaves the answer within ``gap`` of the bound
+    (one tick under ``(1 - gap)`` of it). One definition for :func:`_gap_probe` and the
+    benchmark that times it (``scripts/bench_gap_probe.py``)."""
+    return int(math.ceil(makespan * (1 - gap) - 1e-9)) - 1
+
+
 def _gap_probe(problem: Problem, ticks: Ticks, hint: Hint, lower: int,
                cuts: "PrefixCuts | None", gap: float, deadline: float, threads: int,
                on_bound: Callable[[float], None] | None = None) -> ProbeOutcome | None:
@@ -548,7 +556,7 @@ def _gap_probe(problem: Problem, ticks: Ticks, hint: Hint, lower: int,
     distance = relative_gap(hint.makespan, lower) or 0.0
     if not gap < distance <= PROBE_WITHIN:
         return None
-    horizon = int(math.ceil(hint.makespan * (1 - gap) - 1e-9)) - 1
+    horizon = probe_horizon(hint.makespan, gap)
     if horizon < lower:
         return None
     began = time.monotonic()
