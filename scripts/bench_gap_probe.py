@@ -65,12 +65,13 @@ def parse_case(text: str) -> tuple[int, int, list[float]]:
 
 
 def refute(problem, answer, cuts, gap: float, seconds: float,
-           threads: int = DRIVER_THREADS, seed: int | None = None
-           ) -> tuple[float, str, float]:
+           threads: int = DRIVER_THREADS, seed: int | None = None,
+           minimize: bool | None = None) -> tuple[float, str, float]:
     """The probe as the driver runs it, from ``answer`` with ``cuts`` (CP-SAT seed
-    ``seed``, its default when None): its horizon in seconds, CP-SAT's status name and
-    the wall time, model building included."""
-    from optpipe.optimizer.cpsat import new_solver, probe_horizon
+    ``seed``, its default when None; with the makespan objective or without it,
+    ``minimize``, the driver's ``cpsat.PROBE_MINIMIZES`` when None): its horizon in
+    seconds, CP-SAT's status name and the wall time, model building included."""
+    from optpipe.optimizer.cpsat import PROBE_MINIMIZES, new_solver, probe_horizon
     from optpipe.optimizer.cpsat_model import make_hint, make_ticks
     from optpipe.optimizer.cpsat_order import build_order_model
 
@@ -79,6 +80,8 @@ def refute(problem, answer, cuts, gap: float, seconds: float,
     hint = make_hint(answer, ticks)
     horizon = probe_horizon(hint.makespan, gap)
     builder, _ = build_order_model(problem, ticks, horizon, 0, hint, cuts=cuts)
+    if not (PROBE_MINIMIZES if minimize is None else minimize):
+        builder.model.clear_objective()
     builder.add_hints()
     solver = new_solver(seconds, threads, proof=True)
     if seed is not None:

@@ -89,6 +89,15 @@ TIME_FULL_MAX_CELLS = 256
 #: distances to their bounds (0.82-1.4%); further away the hint is rarely the optimum.
 PROBE_GAP = 0.005
 PROBE_WITHIN = 0.02
+#: Does the gap probe minimize the makespan inside its horizon? No: the question is
+#: whether any schedule is there, and without the objective CP-SAT answers it sooner
+#: where it matters (`python scripts/bench_probe_objective.py`, table in
+#: docs/optimizer-log.md, 2026-12-07, from the driver's answer and cuts at S/2, seeds
+#: 1-5, 2 workers: 8 x 64 refuted in 14.6-30.2 s, median 18.3 s, against 17.8-38.1 s,
+#: median 33.7 s, with it; 4 x 64 in 13.3-14.2 s against 11.5-13.8 s, within a second).
+#: A schedule found inside goes to the full model's run as its hint, which minimizes
+#: from there.
+PROBE_MINIMIZES = False
 #: CP-SAT's work limit for its transitive closure of precedences (its default: 1e6); 0
 #: switches the closure off (why: :func:`new_solver`; `scripts/bench_cpsat_params.py`
 #: measures both).
@@ -495,15 +504,19 @@ def _closing_run(problem: Problem, ticks: Ticks, timed: Hint, lower: int,
 
 def _order_run(problem: Problem, ticks: Ticks, horizon: int, lower: int, hint: Hint,
                cuts: "PrefixCuts | None", deadline: float, threads: int,
-               on_bound: Callable[[float], None] | None = None, proof: bool = False
-               ) -> tuple[int, cp_model.CpSolver, Hint | None]:
+               on_bound: Callable[[float], None] | None = None, proof: bool = False,
+               minimize: bool = True) -> tuple[int, cp_model.CpSolver, Hint | None]:
     """The order model within ``[lower, horizon]``, hinted with ``hint``, solved until
     ``deadline``: CP-SAT's status code, the solver (for its bound) and the schedule it
     found, re-timed (None when it found none). What the closing run and the gap probe
     both run; ``on_bound`` sees CP-SAT's bound as it rises; ``proof`` as in
     :func:`new_solver` (the probe's; the closing run, which also searches, keeps
-    CP-SAT's default: not measured without it)."""
+    CP-SAT's default: not measured without it). ``minimize`` False drops the makespan
+    objective: a feasibility question, answered by the first schedule inside the
+    horizon or a refutation (the gap probe's, :data:`PROBE_MINIMIZES`)."""
     builder, handles = build_order_model(problem, ticks, horizon, lower, hint, cuts=cuts)
+    if not minimize:
+        builder.model.clear_objective()
     builder.add_hints()
     solver = new_solver(max(0.1, deadline - time.monotonic()), threads, proof=proof)
     if on_bound is not None:
@@ -516,9 +529,10 @@ def _order_run(problem: Problem, ticks: Ticks, horizon: int, lower: int, hint: H
 
 class ProbeOutcome(NamedTuple):
     """What :func:`_gap_probe` found: CP-SAT's status name for the model cut at
-    ``horizon`` (ticks); ``found``, a schedule within it (FEASIBLE or OPTIMAL), and
-    ``bound``, CP-SAT's bound inside it (a global bound once a schedule is inside:
-    every schedule shorter than the hint is)."""
+    ``horizon`` (ticks); ``found``, a schedule within it (FEASIBLE, or OPTIMAL when the
+    probe minimizes), and ``bound``, CP-SAT's bound inside it (a global bound once a
+    schedule is inside: every schedule shorter than the hint is; the probe's lower
+    bound when it does not minimize)."""
 
     status: str
     horizon: int
@@ -543,10 +557,12 @@ def _gap_probe(problem: Problem, ticks: Ticks, hint: Hint, lower: int,
     until ``deadline``; None where no probe is worth it (see :data:`PROBE_GAP`).
 
     INFEASIBLE raises the bound to ``horizon + 1`` tick; a schedule found is shorter
-    than the hint (and OPTIMAL makes it the optimum: every shorter schedule is inside).
-    The hint is outside the horizon, so it guides CP-SAT only as a partial solution.
-    ``on_bound`` (ticks) sees CP-SAT's bound as it rises: a bound of the problem too
-    (the optimum is inside the horizon if any schedule is, else above every bound).
+    than the hint (FEASIBLE: the probe has no objective, :data:`PROBE_MINIMIZES`, and
+    stops at the first; with one, OPTIMAL would make it the optimum: every shorter
+    schedule is inside). The hint is outside the horizon, so it guides CP-SAT only as a
+    partial solution. ``on_bound`` (ticks; only with an objective) sees CP-SAT's bound
+    as it rises: a bound of the problem too (the optimum is inside the horizon if any
+    schedule is, else above every bound).
     Only with prefix cuts: every measured refutation used them (their least distances
     between forwards pin the first stage's forwards to windows a tick-wide horizon
     cut narrows further).
@@ -561,11 +577,18 @@ def _gap_probe(problem: Problem, ticks: Ticks, hint: Hint, lower: int,
         return None
     began = time.monotonic()
     code, solver, found = _order_run(problem, ticks, horizon, lower, hint, cuts, deadline,
-                                     threads, on_bound, proof=True)
-    bound = lower if found is None else int(math.ceil(solver.best_objective_bound - 1e-9))
+                                     threads, on_bound if PROBE_MINIMIZES else None,
+                                     proof=True, minimize=PROBE_MINIMIZES)
+    bound = lower if found is None or not PROBE_MINIMIZES else \
+        int(math.ceil(solver.best_objective_bound - 1e-9))
     if found is not None and found.makespan > horizon:   # re-timed ASAP: never; a guard
         found = None
-    return ProbeOutcome(status=solver.status_name(code), horizon=horizon, found=found,
+    status = solver.status_name(code)
+    if found is not None and not PROBE_MINIMIZES:
+        # CP-SAT calls any solution of a model without objective OPTIMAL; here it is
+        # only a schedule inside the horizon
+        status = "FEASIBLE"
+    return ProbeOutcome(status=status, horizon=horizon, found=found,
                         bound=bound, seconds=time.monotonic() - began)
 
 
