@@ -80,14 +80,18 @@ def refute(problem, answer, cuts, gap: float, seconds: float,
     hint = make_hint(answer, ticks)
     horizon = probe_horizon(hint.makespan, gap)
     builder, _ = build_order_model(problem, ticks, horizon, 0, hint, cuts=cuts)
-    if not (PROBE_MINIMIZES if minimize is None else minimize):
+    minimize = PROBE_MINIMIZES if minimize is None else minimize
+    if not minimize:
         builder.model.clear_objective()
     builder.add_hints()
     solver = new_solver(seconds, threads, proof=True)
     if seed is not None:
         solver.parameters.random_seed = seed
     code = solver.solve(builder.model)
-    return horizon / ticks.scale, solver.status_name(code), time.monotonic() - t0
+    status = solver.status_name(code)
+    if status == "OPTIMAL" and not minimize:
+        status = "FEASIBLE"      # CP-SAT's word for any solution of a model without objective
+    return horizon / ticks.scale, status, time.monotonic() - t0
 
 
 def probe(problem, answer, cuts, gap: float, seconds: float,
