@@ -71,7 +71,8 @@ def refute(problem, answer, cuts, gap: float, seconds: float,
     ``seed``, its default when None; with the makespan objective or without it,
     ``minimize``, the driver's ``cpsat.PROBE_MINIMIZES`` when None): its horizon in
     seconds, CP-SAT's status name and the wall time, model building included."""
-    from optpipe.optimizer.cpsat import PROBE_MINIMIZES, new_solver, probe_horizon
+    from optpipe.optimizer.cpsat import (PROBE_MINIMIZES, new_solver, probe_horizon,
+                                         probe_status_name)
     from optpipe.optimizer.cpsat_model import make_hint, make_ticks
     from optpipe.optimizer.cpsat_order import build_order_model
 
@@ -88,10 +89,8 @@ def refute(problem, answer, cuts, gap: float, seconds: float,
     if seed is not None:
         solver.parameters.random_seed = seed
     code = solver.solve(builder.model)
-    status = solver.status_name(code)
-    if status == "OPTIMAL" and not minimize:
-        status = "FEASIBLE"      # CP-SAT's word for any solution of a model without objective
-    return horizon / ticks.scale, status, time.monotonic() - t0
+    return (horizon / ticks.scale, probe_status_name(solver, code, minimize),
+            time.monotonic() - t0)
 
 
 def probe(problem, answer, cuts, gap: float, seconds: float,
