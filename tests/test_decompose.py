@@ -437,7 +437,8 @@ def test_a_model_with_prefix_cuts_leaves_the_time_to_the_full_model(
     stays more than ``WINDOWLESS_GAP`` above their bound): no window runs, since such a
     model up to ``WINDOWLESS_MAX_CELLS_WITH_CUTS`` cells searches and proves best whole
     (16 x 32 at S/2, replayed by hand: 25-37 s whole, 30-36 s and once not at all with
-    the windows); above that size the windows run as before."""
+    the windows); above that size the full model searches and probes prove
+    (:mod:`optpipe.optimizer.descent`), and the windows run only where asked for."""
     from optpipe.optimizer import cpsat
     from optpipe.optimizer.prefix import prefix_cuts, truncated_hints
 
@@ -456,6 +457,11 @@ def test_a_model_with_prefix_cuts_leaves_the_time_to_the_full_model(
     monkeypatch.setattr(cpsat, "WINDOWLESS_MAX_CELLS_WITH_CUTS",
                         problem.stages * problem.microbatches - 1)
     result = solve_cpsat(problem, warm_start=pool, time_limit=40, threads=2, cuts=cuts)
+    assert result.extra.get("search") == "search then probe"
+    assert "windows" not in result.extra
+    assert result.objective == pytest.approx(82.8)
+    result = solve_cpsat(problem, warm_start=pool, time_limit=40, threads=2, cuts=cuts,
+                         decompose=True)
     # the windows are chosen; whether a step runs depends on whether the full model's
     # first share (at least 0.1 s, and its load) has proven the optimum already, which
     # with these cuts it sometimes does (a CI run, 2026-12-04)

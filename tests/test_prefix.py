@@ -331,3 +331,88 @@ def test_solve_with_a_gap_probe_agrees_with_the_simulator(
     sim = simulate(problem, run.schedule)
     assert sim.fits and sim.makespan == pytest.approx(run.objective, rel=1e-9)
     assert run.bound <= best.objective + 1e-9 <= run.objective + 1e-9
+
+
+def test_probe_descent_from_a_slower_hint_ends_within_the_gap(optimum_and_cuts) -> None:
+    """The descent by probes (:func:`~optpipe.optimizer.descent.probe_descent`) from a
+    hint more than 2% above the optimum: every schedule it finds is one the simulator
+    times as the model does, its proven bound never passes the optimum, and on this
+    small problem it ends within the gap asked for."""
+    from optpipe.optimizer import cpsat
+    from optpipe.optimizer.cpsat_model import make_hint, make_ticks
+    from optpipe.optimizer.descent import probe_descent
+    from optpipe.optimizer.result import relative_gap
+
+    problem, hints, best, cuts = optimum_and_cuts
+    ticks = make_ticks(problem, True, False, (1.0,))
+    slow = make_hint(_slower(problem, hints, best.objective), ticks)
+    lower = int(math.ceil(cuts.makespan_bound(problem.microbatches) * ticks.scale - 1e-6))
+    found, proven, stats = probe_descent(problem, ticks, slow, lower=lower, cuts=cuts,
+                                         gap=cpsat.PROBE_GAP,
+                                         deadline=cpsat.time.monotonic() + 60, threads=2)
+    assert stats.probes and stats.probes[0][1] == "found"
+    sim = simulate(problem, found.schedule)
+    assert sim.fits and sim.makespan == pytest.approx(found.makespan / ticks.scale)
+    assert lower <= proven <= best.objective * ticks.scale + 1e-6
+    assert relative_gap(found.makespan, proven) <= cpsat.PROBE_GAP + 1e-9
+    # every refutation's horizon lies under the optimum
+    for horizon, outcome, _ in stats.probes:
+        if outcome == "refuted":
+            assert horizon < best.objective
+
+
+@pytest.mark.parametrize("decompose", [None, False, True])
+def test_search_then_probe_agrees_with_the_simulator(
+        optimum_and_cuts, monkeypatch: pytest.MonkeyPatch, decompose) -> None:
+    """Past ``WINDOWLESS_MAX_CELLS_WITH_CUTS`` (lowered here so that a small problem
+    is past it), one stage per device with the cuts searches and then probes, unless
+    the caller forces the windows (``decompose=True``): the answer is the simulator's
+    makespan, the bound at most the optimum."""
+    from optpipe.optimizer import cpsat
+
+    problem, hints, best, cuts = optimum_and_cuts
+    monkeypatch.setattr(cpsat, "WINDOWLESS_MAX_CELLS_WITH_CUTS", 0)
+    slow = _slower(problem, hints, best.objective)
+    run = solve_cpsat(problem, warm_start=[slow], time_limit=30, cuts=cuts,
+                      decompose=decompose)
+    assert (run.extra.get("search") == "search then probe") == (decompose is not True)
+    sim = simulate(problem, run.schedule)
+    assert sim.fits and sim.makespan == pytest.approx(run.objective, rel=1e-9)
+    assert run.bound <= best.objective + 1e-9 <= run.objective + 1e-9
+    if decompose is not True:
+        assert run.extra["searched_makespan"] >= run.objective - 1e-9
+        if "gap_probe_status" in run.extra:          # a refutation: under the optimum
+            assert run.extra["gap_probe_status"] == "INFEASIBLE"
+            assert run.extra["gap_probe_horizon"] < best.objective
+    # the cuts' model without cuts is not past the rule: the windows' path as before
+    plain = solve_cpsat(problem, warm_start=[slow], time_limit=5)
+    assert "search" not in plain.extra
+
+
+def test_stop_on_stall_stops_a_search_that_would_run_on() -> None:
+    """:func:`~optpipe.optimizer.descent.stop_on_stall` stops CP-SAT once its last
+    better schedule is older than the stall: here it is (a time long past), so a
+    search of 8 x 32 at half of 1F1B's memory, not proven within minutes, returns long
+    before its limit with the schedule it had."""
+    from optpipe.optimizer import cpsat
+    from optpipe.optimizer.cpsat_model import make_hint, make_ticks
+    from optpipe.optimizer.cpsat_order import build_order_model
+    from optpipe.optimizer.descent import stop_on_stall
+
+    problem = uniform_problem(8, 32, forward=1.0, backward_input=1.0, backward_weight=1.0,
+                              p2p=0.05, activation=2, freed_by_b=1,
+                              static=0).activation_budget(4)
+    place = linear_placement(8)
+    ticks = make_ticks(problem, True, False, (1.0,))
+    hint = make_hint(placement_hints(problem, place, True, None)[0], ticks)
+    builder, _ = build_order_model(problem, ticks, hint.makespan, 0, hint)
+    builder.add_hints()
+    solver = cpsat.new_solver(600, 2)
+    long_ago = cpsat.time.monotonic() - 3600
+    done = stop_on_stall(solver, lambda: long_ago, 1.0)
+    try:
+        code = solver.solve(builder.model)
+    finally:
+        done.set()
+    assert solver.status_name(code) in ("FEASIBLE", "UNKNOWN")
+    assert solver.wall_time < 300          # stopped, far from its limit of 600 s

@@ -3,7 +3,8 @@
 The engine picks a complete hint from the candidate schedules, builds a model, runs
 CP-SAT on it (after a gap probe where the hint is near its bound, :func:`_gap_probe`;
 continuing with the windows of :mod:`.decompose`, and a closing run of the full model,
-where the full model alone does not close the problem), extracts the
+where the full model alone does not close the problem; past the cell limit of the full
+model with prefix cuts, a search and then probes, :mod:`.descent`), extracts the
 schedule and reports its figures in seconds; :func:`solve_reach` and
 :func:`solve_least` run the order model for proven bounds (:mod:`.prefix`). The models
 are modules of their own, one job each:
@@ -61,7 +62,8 @@ WINDOWLESS_GAP = 0.01
 #: the driver's hint is the extended schedule, 7.9% above the cuts' bound; replaying
 #: the driver's call (by hand, 2026-12-04, five runs each, 38.9 s limit) the full model
 #: alone proved 161.7 s in 25-37 s, all five; with the windows and a closing run in
-#: 30-36 s, four of five.
+#: 30-36 s, four of five. Past it (16 x 64) the full model searches until it stalls
+#: and objective-free probes prove its answer (:func:`descends`, :mod:`.descent`).
 WINDOWLESS_MAX_CELLS_WITH_CUTS = 512
 #: The full model's share before the time windows (chunked placements, every budget).
 #: V at S, 60 s, one run each: by hand 0.1 reached 52.65 s at 8 x 16 and proved 100.55 s
@@ -124,8 +126,11 @@ class _Reporter(cp_model.CpSolverSolutionCallback):
         self.scale, self.progress, self.t0 = scale, progress, t0
         self.best: float | None = None
         self.bound: float | None = None
+        #: when the last better schedule came (monotonic; None before the first)
+        self.improved_at: float | None = None
 
     def on_solution_callback(self) -> None:
+        self.improved_at = time.monotonic()
         self.best = self.ObjectiveValue() / self.scale
         self.bound = self.BestObjectiveBound() / self.scale
         self._emit()
@@ -238,7 +243,9 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
     windows on chunked placements, microbatch windows on one stage per device where
     memory binds the round trip; True forces microbatch windows, False the full model
     alone; where the full model runs whole near its bound, a gap probe comes first
-    (:data:`PROBE_GAP`). ``seed``: CP-SAT's random seed for the full model's run (its default, 1, when
+    (:data:`PROBE_GAP`); past :data:`WINDOWLESS_MAX_CELLS_WITH_CUTS` with the cuts,
+    unless True, the search then probe of :mod:`.descent` (:func:`descends`).
+    ``seed``: CP-SAT's random seed for the full model's run (its default, 1, when
     None); of several optimal orders it picks which one is returned, which matters to a
     caller that transforms the answer afterwards (:mod:`.offload_starts`). The caller
     must already have checked that the budget is feasible
@@ -278,6 +285,11 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
     if by_time and windows_from_the_start(problem):
         return _windows_from_hints(problem, ticks, hints, lower, deadline, threads,
                                    progress, t0)
+    # past the cell limit of the full model with the cuts, searching or proving
+    if decompose is not True and not fix_hint and \
+            descends(problem, placement, offload, memory_binds, cuts):
+        return _search_then_probe(problem, ticks, hint, lower, cuts, max(gap, PROBE_GAP),
+                                  deadline, threads, progress, t0, seed)
     if decompose is None:
         # one stage per device: microbatch windows where memory binds the round trip
         # (the optimal steady state is a pattern over microbatches), unless what is
@@ -439,6 +451,74 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
                         extra=extra)
 
 
+def descends(problem: Problem, placement: Sequence[int] | None, offload: bool,
+             memory_binds: bool, cuts: "PrefixCuts | None") -> bool:
+    """Does one stage per device search then probe (:mod:`.descent`) instead of
+    running the full model and its windows? Where memory binds the round trip, with
+    the prefix cuts, past :data:`WINDOWLESS_MAX_CELLS_WITH_CUTS` cells (16 x 64: why
+    in :mod:`.descent`); below that the full model with the cuts proves the optimum."""
+    return (placement is None and not offload and memory_binds and cuts is not None
+            and problem.stages * problem.microbatches > WINDOWLESS_MAX_CELLS_WITH_CUTS)
+
+
+def _search_then_probe(problem: Problem, ticks: Ticks, hint: Hint, lower: int,
+                       cuts: "PrefixCuts", gap: float, deadline: float, threads: int,
+                       progress: ProgressFn | None, t0: float, seed: int | None
+                       ) -> EngineResult:
+    """The full model minimizing from ``hint`` until it stalls (:data:`~.descent.
+    STALL_SECONDS`) or leaves :data:`~.descent.PROBE_RESERVE` for the probes, then the
+    descent by probes (:func:`~.descent.probe_descent`) from its answer: the search
+    finds, the probes prove (why: :mod:`.descent`)."""
+    from optpipe.optimizer.descent import (PROBE_RESERVE, STALL_SECONDS, probe_descent,
+                                           stop_on_stall)
+
+    start_lower = lower
+    builder, handles = build_order_model(problem, ticks, hint.makespan, lower, hint,
+                                         cuts=cuts)
+    builder.add_hints()
+    reporter = _Reporter(ticks.scale, progress, t0)
+    solver = new_solver(max(0.1, deadline - time.monotonic() - PROBE_RESERVE), threads)
+    if seed is not None:
+        solver.parameters.random_seed = seed
+    solver.best_bound_callback = reporter.on_bound
+    watch = stop_on_stall(solver, lambda: reporter.improved_at, STALL_SECONDS)
+    try:
+        code = solver.solve(builder.model, reporter)
+    finally:
+        watch.set()
+    searched = time.monotonic() - t0
+    start = hint
+    if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        found = make_hint(extract_schedule(problem, solver, handles, False), ticks)
+        if found.makespan < start.makespan:
+            start = found
+        lower = max(lower, int(math.ceil(solver.best_objective_bound - 1e-9)))
+    found, proven, stats = probe_descent(problem, ticks, start,
+                                         lower=min(lower, start.makespan), cuts=cuts,
+                                         gap=gap, deadline=deadline, threads=threads,
+                                         progress=progress, t0=t0)
+    proven = min(proven, found.makespan)
+    objective, bound = found.makespan / ticks.scale, proven / ticks.scale
+    # the last refutation is the gap probe's: its figures under the probe's keys, so
+    # that the status line says where the bound comes from (driver._probe_note)
+    refuted = [(h, s) for h, outcome, s in stats.probes if outcome == "refuted"]
+    probe = {} if not refuted else {"gap_probe_horizon": refuted[-1][0],
+                                    "gap_probe_status": "INFEASIBLE",
+                                    "gap_probe_seconds": round(refuted[-1][1], 3)}
+    return EngineResult(
+        schedule=found.schedule, status=OPTIMAL if proven >= found.makespan else FEASIBLE,
+        objective=objective, bound=bound, gap=relative_gap(objective, bound),
+        wall_time=time.monotonic() - t0, engine=ENGINE,
+        extra={**_run_extra(ticks, hint, start_lower, "order"), **probe,
+               "search": "search then probe",
+               "searched_seconds": round(searched, 2),
+               "search_status": solver.status_name(code),
+               "searched_makespan": start.makespan / ticks.scale,
+               "descent_probes": stats.record(), "solver_objective": objective,
+               "variables": len(builder.model.proto.variables),
+               "constraints": len(builder.model.proto.constraints), **handles.size})
+
+
 def _windows_from_hints(problem: Problem, ticks: Ticks, hints: Sequence[Hint], lower: int,
                         deadline: float, threads: int, progress: ProgressFn | None,
                         t0: float) -> EngineResult:
@@ -494,18 +574,18 @@ def _closing_run(problem: Problem, ticks: Ticks, timed: Hint, lower: int,
     (ticks; ``lower`` when it reported nothing), CP-SAT's status name, and whether it
     proved optimality.
     """
-    code, solver, found = _order_run(problem, ticks, timed.makespan, lower, timed, cuts,
-                                     deadline, threads)
+    code, solver, found = order_run(problem, ticks, timed.makespan, lower, timed, cuts,
+                                    deadline, threads)
     if found is None:
         return timed, float(lower), solver.status_name(code), False
     return (found if found.makespan < timed.makespan else timed,
             solver.best_objective_bound, solver.status_name(code), code == cp_model.OPTIMAL)
 
 
-def _order_run(problem: Problem, ticks: Ticks, horizon: int, lower: int, hint: Hint,
-               cuts: "PrefixCuts | None", deadline: float, threads: int,
-               on_bound: Callable[[float], None] | None = None, proof: bool = False,
-               minimize: bool = True) -> tuple[int, cp_model.CpSolver, Hint | None]:
+def order_run(problem: Problem, ticks: Ticks, horizon: int, lower: int, hint: Hint,
+              cuts: "PrefixCuts | None", deadline: float, threads: int,
+              on_bound: Callable[[float], None] | None = None, proof: bool = False,
+              minimize: bool = True) -> tuple[int, cp_model.CpSolver, Hint | None]:
     """The order model within ``[lower, horizon]``, hinted with ``hint``, solved until
     ``deadline``: CP-SAT's status code, the solver (for its bound) and the schedule it
     found, re-timed (None when it found none). What the closing run and the gap probe
@@ -585,9 +665,9 @@ def _gap_probe(problem: Problem, ticks: Ticks, hint: Hint, lower: int,
     if horizon < lower:
         return None
     began = time.monotonic()
-    code, solver, found = _order_run(problem, ticks, horizon, lower, hint, cuts, deadline,
-                                     threads, on_bound if PROBE_MINIMIZES else None,
-                                     proof=True, minimize=PROBE_MINIMIZES)
+    code, solver, found = order_run(problem, ticks, horizon, lower, hint, cuts, deadline,
+                                    threads, on_bound if PROBE_MINIMIZES else None,
+                                    proof=True, minimize=PROBE_MINIMIZES)
     bound = lower if found is None or not PROBE_MINIMIZES else \
         int(math.ceil(solver.best_objective_bound - 1e-9))
     if found is not None and found.makespan > horizon:   # re-timed ASAP: never; a guard

@@ -46,15 +46,18 @@ SOURCE_CUTS_SHARE = 0.4
 #: Share of the time limit for extended schedules (:mod:`.extend`), when they are built.
 EXTEND_SHARE = 0.25
 #: ... and when their source (half the microbatches) has at least
-#: :data:`EXTEND_LARGE_SOURCE_CELLS` stage x microbatch cells. Why more there: such a
-#: source is not proven within a minute, so the time its search gets decides the
-#: extension, while the search on the full problem (twice as large) does not move from
-#: that hint (16 x 64 at S/2, one stage per device: 334.8 s with 0.25 in three runs,
-#: 323.2-323.7 s with 0.6 in three, 312.5 s with 0.8; with 0.75 312.5 s twice and 318.1 s
-#: in the benchmark's run). Smaller sources are found in seconds (8 x 32's optimum,
-#: though its proof takes 49-90 s), and there a larger share only takes time from the
-#: prefix cuts (8 x 64 with 0.6: the same 306.3 s, bound 296.9 s against 297.6 s).
-EXTEND_SHARE_LARGE = 0.75
+#: :data:`EXTEND_LARGE_SOURCE_CELLS` stage x microbatch cells. Why: such a source is
+#: not proven within a minute, so the time its search gets decides the extension. In
+#: search revision 7 more was better (16 x 64 at S/2, one stage per device: 334.8 s
+#: with 0.25 in three runs, 323.2-323.7 s with 0.6, 312.5 s with 0.8, and 0.75 chosen).
+#: Since then the source search got faster, and 16 x 32 has many optima whose
+#: extensions differ (304.0 s to 311.3 s from 161.7 s sources): the extensions alone,
+#: by hand on 2026-12-07, gave 304.0 s (the 16 x 64 optimum) with 20, 27 and 33 s and
+#: 307.4 and 311.3 s with 45 s. With 0.3 the driver's extension was the optimum in 6 of
+#: 6 runs and the search then probe (:mod:`.descent`) has the time to prove it
+#: (``python scripts/bench_descent.py``, docs/optimizer-log.md, search revision 38:
+#: 3 of 3 runs within 0.5%; with 0.75 and the windows, 0 of 3, answers 304.0-309.4 s).
+EXTEND_SHARE_LARGE = 0.3
 EXTEND_LARGE_SOURCE_CELLS = 512
 #: Share of the time limit for the V shape's extended schedules
 #: (:func:`add_chunked_extended`), where memory binds but not hard; their source is

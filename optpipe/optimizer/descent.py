@@ -1,0 +1,120 @@
+"""Search then probe: the full model finds the schedule, objective-free probes prove it.
+
+Why: at 16 x 64 at budget S/2 on one stage per device (1024 stage x microbatch cells,
+past :data:`~.cpsat.WINDOWLESS_MAX_CELLS_WITH_CUTS`) the driver searched by a share of
+the full model and then microbatch windows (:func:`~.decompose.window_search`), which
+leave the bound where the prefix cuts put it (299.7 s, against an optimum of 304.0 s:
+2.8-4.3% gaps in search revisions 36 and 37). Measured by hand from two captured
+driver states (2026-12-07: the driver's hints and cuts, pickled and replayed): the full
+model minimizing from the extended hint (307.3 s) reached the optimum in 11-12 s,
+model building included, its improvements 1-3 s apart; the gap probe's question
+(:func:`~.cpsat.order_run` without the objective, its horizon
+:data:`~.cpsat.PROBE_GAP` under the answer) was then refuted in about 17 s. A probe
+asked to *find* a schedule 1% under 307.3 s (304.2 s, just above the optimum) was
+still open after 29 s: near the optimum, minimizing finds and probing proves.
+
+So: the full model minimizes until it has gone :data:`STALL_SECONDS` without a better
+schedule (:func:`stop_on_stall`), or until :data:`PROBE_RESERVE` before the deadline;
+then :func:`probe_descent` asks the gap probe's question of its answer, again of each
+shorter schedule a probe finds, until one is refuted (the answer is then within the
+gap) or the time is up. Every schedule returned is a solution of the full order model
+(re-timed ASAP like the simulator), and every bound raised is a refutation of that
+model with the prefix cuts, so both hold for the problem.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+from ortools.sat.python import cp_model
+
+from optpipe.optimizer.result import ProgressFn, relative_gap
+from optpipe.problem import Problem
+
+if TYPE_CHECKING:
+    from optpipe.optimizer.cpsat_model import Hint, Ticks
+    from optpipe.optimizer.prefix import PrefixCuts
+
+#: The search (the full model minimizing) stops after this many seconds without a
+#: better schedule, and the probes take over. Why 4 s: at 16 x 64 at S/2, from the
+#: driver's extended hint (307.3 s), its improvements came 1-3 s apart until the
+#: optimum (304.0 s, at 11.1-12.0 s in five runs by hand over two captured states).
+STALL_SECONDS = 4.0
+#: ... and it stops this many seconds before the deadline at the latest, for the
+#: probe: 0.5% under the optimum it took 17.1-17.4 s there, model building included
+#: (two runs by hand; 11.5 s after 120 s of cuts, ``scripts/bench_gap_probe.py``;
+#: 9.7-10.5 s inside the driver, ``scripts/bench_descent.py``).
+PROBE_RESERVE = 15.0
+#: A probe is not started with less time than this left (s): building the order model
+#: at 1024 cells takes a few seconds of it, and a probe cut short proves nothing.
+MIN_PROBE_SECONDS = 3.0
+
+
+@dataclass
+class DescentStats:
+    """What the descent did: one ``(horizon s, outcome, seconds)`` per probe."""
+
+    probes: list[tuple[float, str, float]] = field(default_factory=list)
+
+    def record(self) -> list[list[Any]]:
+        """The probes as the run's provenance keeps them."""
+        return [[round(h, 3), outcome, round(s, 2)] for h, outcome, s in self.probes]
+
+
+def stop_on_stall(solver: cp_model.CpSolver, improved_at: Callable[[], float | None],
+                  seconds: float) -> threading.Event:
+    """Stop ``solver``'s search once ``seconds`` pass without a better schedule
+    (``improved_at``: when the last one came, None before the first). Returns the event
+    that ends the watch: set it when the solve returns."""
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.25):
+            last = improved_at()
+            if last is not None and time.monotonic() - last > seconds:
+                solver.stop_search()
+                return
+    threading.Thread(target=watch, name="optpipe-stall-watch", daemon=True).start()
+    return done
+
+
+def probe_descent(problem: Problem, ticks: "Ticks", hint: "Hint", *, lower: int,
+                  cuts: "PrefixCuts", gap: float, deadline: float, threads: int,
+                  progress: ProgressFn | None = None, t0: float | None = None
+                  ) -> tuple["Hint", int, DescentStats]:
+    """Probe from ``hint`` down to within ``gap`` of the bound, or until ``deadline``.
+
+    Returns the shortest schedule found (``hint`` if none), the proven lower bound in
+    ticks (``lower``, raised by every refutation) and the probes made. A probe that
+    ends without an answer (the deadline) ends the descent.
+    """
+    from optpipe.optimizer.cpsat import order_run, probe_horizon
+
+    t0 = time.monotonic() if t0 is None else t0
+    best, stats = hint, DescentStats()
+    while best.makespan > lower and (relative_gap(best.makespan, lower) or 0.0) > gap:
+        if deadline - time.monotonic() < MIN_PROBE_SECONDS:
+            break
+        horizon = max(lower, probe_horizon(best.makespan, gap))
+        began = time.monotonic()
+        code, _, found = order_run(problem, ticks, horizon, lower, best, cuts, deadline,
+                                   threads, proof=True, minimize=False)
+        seconds = time.monotonic() - began
+        if found is not None and found.makespan <= horizon:
+            outcome = "found"
+            best = found
+        elif code == cp_model.INFEASIBLE:
+            outcome = "refuted"
+            lower = horizon + 1
+        else:
+            stats.probes.append((horizon / ticks.scale, "open", seconds))
+            break
+        stats.probes.append((horizon / ticks.scale, outcome, seconds))
+        if progress is not None:
+            value, bound = best.makespan / ticks.scale, lower / ticks.scale
+            progress(time.monotonic() - t0, value, bound, relative_gap(value, bound))
+    return best, lower, stats
+
