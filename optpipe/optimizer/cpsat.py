@@ -466,18 +466,20 @@ def _search_then_probe(problem: Problem, ticks: Ticks, hint: Hint, lower: int,
                        progress: ProgressFn | None, t0: float, seed: int | None
                        ) -> EngineResult:
     """The full model minimizing from ``hint`` until it stalls (:data:`~.descent.
-    STALL_SECONDS`) or leaves :data:`~.descent.PROBE_RESERVE` for the probes, then the
+    STALL_SECONDS`) or leaves :data:`~.descent.PROBE_RESERVE` for the probes (but keeps
+    :data:`~.descent.SEARCH_MIN_SHARE` of the time left), then the
     descent by probes (:func:`~.descent.probe_descent`) from its answer: the search
     finds, the probes prove (why: :mod:`.descent`)."""
-    from optpipe.optimizer.descent import (PROBE_RESERVE, STALL_SECONDS, probe_descent,
-                                           stop_on_stall)
+    from optpipe.optimizer.descent import (PROBE_RESERVE, SEARCH_MIN_SHARE, STALL_SECONDS,
+                                           probe_descent, stop_on_stall)
 
     start_lower = lower
     builder, handles = build_order_model(problem, ticks, hint.makespan, lower, hint,
                                          cuts=cuts)
     builder.add_hints()
     reporter = _Reporter(ticks.scale, progress, t0)
-    solver = new_solver(max(0.1, deadline - time.monotonic() - PROBE_RESERVE), threads)
+    left = deadline - time.monotonic()
+    solver = new_solver(max(0.1, left - PROBE_RESERVE, left * SEARCH_MIN_SHARE), threads)
     if seed is not None:
         solver.parameters.random_seed = seed
     solver.best_bound_callback = reporter.on_bound

@@ -46,8 +46,15 @@ STALL_SECONDS = 4.0
 #: ... and it stops this many seconds before the deadline at the latest, for the
 #: probe: 0.5% under the optimum it took 17.1-17.4 s there, model building included
 #: (two runs by hand; 11.5 s after 120 s of cuts, ``scripts/bench_gap_probe.py``;
-#: 9.7-10.5 s inside the driver, ``scripts/bench_descent.py``).
+#: 9.7-11.0 s inside the driver, ``scripts/bench_descent.py``).
 PROBE_RESERVE = 15.0
+#: ... but the search keeps at least this share of the time it has left: where the
+#: minute is short the answer matters more than a probe that has too little time to
+#: prove anything (16 x 64 at S/2 with a 45 s limit: the run had about 15 s, the
+#: reserve left the search none, and the probe stayed open at 5.98%; by hand with
+#: ``python scripts/bench_descent.py --variants 'revision 38' --runs 1 --seconds 45
+#: --no-write``).
+SEARCH_MIN_SHARE = 0.5
 #: A probe is not started with less time than this left (s): building the order model
 #: at 1024 cells takes a few seconds of it, and a probe cut short proves nothing.
 MIN_PROBE_SECONDS = 3.0

@@ -53,10 +53,11 @@ EXTEND_SHARE = 0.25
 #: Since then the source search got faster, and 16 x 32 has many optima whose
 #: extensions differ (304.0 s to 311.3 s from 161.7 s sources): the extensions alone,
 #: by hand on 2026-12-07, gave 304.0 s (the 16 x 64 optimum) with 20, 27 and 33 s and
-#: 307.4 and 311.3 s with 45 s. With 0.3 the driver's extension was the optimum in 6 of
-#: 6 runs and the search then probe (:mod:`.descent`) has the time to prove it
-#: (``python scripts/bench_descent.py``, docs/optimizer-log.md, search revision 38:
-#: 3 of 3 runs within 0.5%; with 0.75 and the windows, 0 of 3, answers 304.0-309.4 s).
+#: 307.4 and 311.3 s with 45 s. With 0.3 the driver's extension was the optimum in 12
+#: of 12 runs and the search then probe (:mod:`.descent`) has the time to prove it
+#: (two runs of ``python scripts/bench_descent.py``, docs/optimizer-log.md, search
+#: revision 38: 3 of 3 within 0.5% each time; with 0.75 and the windows, 0 of 3 each
+#: time, answers 304.0-311.9 s).
 EXTEND_SHARE_LARGE = 0.3
 EXTEND_LARGE_SOURCE_CELLS = 512
 #: Share of the time limit for the V shape's extended schedules
