@@ -9,7 +9,8 @@ driver states (2026-12-07: the driver's hints and cuts, pickled and replayed): t
 model minimizing from the extended hint (307.3 s) reached the optimum in 11-12 s,
 model building included, its improvements 1-3 s apart; the gap probe's question
 (:func:`~.cpsat.order_run` without the objective, its horizon
-:data:`~.cpsat.PROBE_GAP` under the answer) was then refuted in about 17 s. A probe
+:data:`~.cpsat.PROBE_GAP` under the answer) was then refuted in about 17 s (11.7 s
+with the fuller cuts revision 38's driver builds, every piece from 1 to 16). A probe
 asked to *find* a schedule 1% under 307.3 s (304.2 s, just above the optimum) was
 still open after 29 s: near the optimum, minimizing finds and probing proves.
 
@@ -48,7 +49,8 @@ if TYPE_CHECKING:
 STALL_SECONDS = 4.0
 #: ... and it stops this many seconds before the deadline at the latest, for the
 #: probe: 0.5% under the optimum it took 17.1-17.4 s there, model building included
-#: (two runs by hand; 11.5 s after 120 s of cuts, ``scripts/bench_gap_probe.py``;
+#: (two runs by hand with revision 37's partial cuts; 11.7 s with revision 38's;
+#: 11.5 s after 120 s of cuts, ``scripts/bench_gap_probe.py``;
 #: 9.7-11.0 s inside the driver, ``scripts/bench_descent.py``).
 PROBE_RESERVE = 15.0
 #: ... but the search keeps at least this share of the time it has left: where the
