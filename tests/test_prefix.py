@@ -350,13 +350,14 @@ def test_probe_descent_from_a_slower_hint_ends_within_the_gap(optimum_and_cuts) 
     found, proven, stats = probe_descent(problem, ticks, slow, lower=lower, cuts=cuts,
                                          gap=cpsat.PROBE_GAP,
                                          deadline=cpsat.time.monotonic() + 60, threads=2)
-    assert stats.probes and stats.probes[0][1] == "found"
+    probes = stats.record(ticks.scale)
+    assert probes and probes[0][1] == "found"
     sim = simulate(problem, found.schedule)
     assert sim.fits and sim.makespan == pytest.approx(found.makespan / ticks.scale)
     assert lower <= proven <= best.objective * ticks.scale + 1e-6
     assert relative_gap(found.makespan, proven) <= cpsat.PROBE_GAP + 1e-9
     # every refutation's horizon lies under the optimum
-    for horizon, outcome, _ in stats.probes:
+    for horizon, outcome, _ in probes:
         if outcome == "refuted":
             assert horizon < best.objective
 

@@ -312,9 +312,7 @@ def solve_cpsat(problem: Problem, *, warm_start: Schedule | Sequence[Schedule] |
         outcome = _gap_probe(problem, ticks, hint, lower, cuts, max(gap, PROBE_GAP),
                              deadline, threads, reporter.on_bound)
         if outcome is not None:
-            probe = {"gap_probe_horizon": outcome.horizon / ticks.scale,
-                     "gap_probe_status": outcome.status,
-                     "gap_probe_seconds": round(outcome.seconds, 3)}
+            probe = probe_extra(outcome, ticks)
             if outcome.status == "INFEASIBLE":
                 lower = outcome.horizon + 1
             elif outcome.found is not None:
@@ -501,12 +499,9 @@ def _search_then_probe(problem: Problem, ticks: Ticks, hint: Hint, lower: int,
                                          progress=progress, t0=t0)
     proven = min(proven, found.makespan)
     objective, bound = found.makespan / ticks.scale, proven / ticks.scale
-    # the last refutation is the gap probe's: its figures under the probe's keys, so
-    # that the status line says where the bound comes from (driver._probe_note)
-    refuted = [(h, s) for h, outcome, s in stats.probes if outcome == "refuted"]
-    probe = {} if not refuted else {"gap_probe_horizon": refuted[-1][0],
-                                    "gap_probe_status": "INFEASIBLE",
-                                    "gap_probe_seconds": round(refuted[-1][1], 3)}
+    # the last refutation under the gap probe's keys: the status line names it
+    refuted = [o for o in stats.probes if o.status == "INFEASIBLE"]
+    probe = probe_extra(refuted[-1], ticks) if refuted else {}
     return EngineResult(
         schedule=found.schedule, status=OPTIMAL if proven >= found.makespan else FEASIBLE,
         objective=objective, bound=bound, gap=relative_gap(objective, bound),
@@ -516,7 +511,7 @@ def _search_then_probe(problem: Problem, ticks: Ticks, hint: Hint, lower: int,
                "searched_seconds": round(searched, 2),
                "search_status": solver.status_name(code),
                "searched_makespan": start.makespan / ticks.scale,
-               "descent_probes": stats.record(), "solver_objective": objective,
+               "descent_probes": stats.record(ticks.scale), "solver_objective": objective,
                "variables": len(builder.model.proto.variables),
                "constraints": len(builder.model.proto.constraints), **handles.size})
 
@@ -666,6 +661,17 @@ def _gap_probe(problem: Problem, ticks: Ticks, hint: Hint, lower: int,
     horizon = probe_horizon(hint.makespan, gap)
     if horizon < lower:
         return None
+    return run_probe(problem, ticks, hint, lower, cuts, gap, deadline, threads, on_bound)
+
+
+def run_probe(problem: Problem, ticks: Ticks, hint: Hint, lower: int,
+              cuts: "PrefixCuts | None", gap: float, deadline: float, threads: int,
+              on_bound: Callable[[float], None] | None = None) -> ProbeOutcome:
+    """One probe, whoever decided it is worth it (:func:`_gap_probe`, the descent of
+    :mod:`.descent`): the order model cut at :func:`probe_horizon` of ``hint``'s
+    makespan, with or without its objective (:data:`PROBE_MINIMIZES`), until
+    ``deadline``."""
+    horizon = probe_horizon(hint.makespan, gap)
     began = time.monotonic()
     code, solver, found = order_run(problem, ticks, horizon, lower, hint, cuts, deadline,
                                     threads, on_bound if PROBE_MINIMIZES else None,
@@ -677,6 +683,14 @@ def _gap_probe(problem: Problem, ticks: Ticks, hint: Hint, lower: int,
     return ProbeOutcome(status=probe_status_name(solver, code, PROBE_MINIMIZES),
                         horizon=horizon, found=found, bound=bound,
                         seconds=time.monotonic() - began)
+
+
+def probe_extra(outcome: ProbeOutcome, ticks: Ticks) -> dict[str, Any]:
+    """A probe's figures in a run's ``extra``, the keys the driver's status line reads
+    (``driver._probe_note``)."""
+    return {"gap_probe_horizon": outcome.horizon / ticks.scale,
+            "gap_probe_status": outcome.status,
+            "gap_probe_seconds": round(outcome.seconds, 3)}
 
 
 class ReachBound(NamedTuple):

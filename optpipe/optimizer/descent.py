@@ -39,6 +39,7 @@ from optpipe.optimizer.result import ProgressFn, relative_gap
 from optpipe.problem import Problem
 
 if TYPE_CHECKING:
+    from optpipe.optimizer.cpsat import ProbeOutcome
     from optpipe.optimizer.cpsat_model import Hint, Ticks
     from optpipe.optimizer.prefix import PrefixCuts
 
@@ -67,13 +68,17 @@ MIN_PROBE_SECONDS = 3.0
 
 @dataclass
 class DescentStats:
-    """What the descent did: one ``(horizon s, outcome, seconds)`` per probe."""
+    """What the descent did: every probe's outcome, in order."""
 
-    probes: list[tuple[float, str, float]] = field(default_factory=list)
+    probes: list["ProbeOutcome"] = field(default_factory=list)
 
-    def record(self) -> list[list[Any]]:
-        """The probes as the run's provenance keeps them."""
-        return [[round(h, 3), outcome, round(s, 2)] for h, outcome, s in self.probes]
+    def record(self, scale: float) -> list[list[Any]]:
+        """The probes as the run's provenance keeps them: ``[horizon s, found |
+        refuted | open, seconds]`` (``scale``: ticks per second)."""
+        return [[round(o.horizon / scale, 3),
+                 "found" if o.found is not None else
+                 "refuted" if o.status == "INFEASIBLE" else "open",
+                 round(o.seconds, 2)] for o in self.probes]
 
 
 def stop_on_stall(solver: cp_model.CpSolver, improved_at: Callable[[], float | None],
@@ -103,28 +108,21 @@ def probe_descent(problem: Problem, ticks: "Ticks", hint: "Hint", *, lower: int,
     ticks (``lower``, raised by every refutation) and the probes made. A probe that
     ends without an answer (the deadline) ends the descent.
     """
-    from optpipe.optimizer.cpsat import order_run, probe_horizon
+    from optpipe.optimizer.cpsat import run_probe
 
     t0 = time.monotonic() if t0 is None else t0
     best, stats = hint, DescentStats()
     while best.makespan > lower and (relative_gap(best.makespan, lower) or 0.0) > gap:
         if deadline - time.monotonic() < MIN_PROBE_SECONDS:
             break
-        horizon = max(lower, probe_horizon(best.makespan, gap))
-        began = time.monotonic()
-        code, _, found = order_run(problem, ticks, horizon, lower, best, cuts, deadline,
-                                   threads, proof=True, minimize=False)
-        seconds = time.monotonic() - began
-        if found is not None and found.makespan <= horizon:
-            outcome = "found"
-            best = found
-        elif code == cp_model.INFEASIBLE:
-            outcome = "refuted"
-            lower = horizon + 1
+        outcome = run_probe(problem, ticks, best, lower, cuts, gap, deadline, threads)
+        stats.probes.append(outcome)
+        if outcome.found is not None:
+            best = outcome.found
+        elif outcome.status == "INFEASIBLE":
+            lower = outcome.horizon + 1
         else:
-            stats.probes.append((horizon / ticks.scale, "open", seconds))
-            break
-        stats.probes.append((horizon / ticks.scale, outcome, seconds))
+            break                                   # open at the deadline
         if progress is not None:
             value, bound = best.makespan / ticks.scale, lower / ticks.scale
             progress(time.monotonic() - t0, value, bound, relative_gap(value, bound))
