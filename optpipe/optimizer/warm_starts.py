@@ -57,7 +57,9 @@ EXTEND_SHARE = 0.25
 #: of 12 runs and the search then probe (:mod:`.descent`) has the time to prove it
 #: (two runs of ``python scripts/bench_descent.py``, docs/optimizer-log.md, search
 #: revision 38: 3 of 3 within 0.5% each time; with 0.75 and the windows, 0 of 3 each
-#: time, answers 304.0-311.9 s).
+#: time, answers 304.0-311.9 s). At the edge, though: alone, 18 s gave 304.0 s once and
+#: 313.6 s once, 27 s 304.0 s twice, 45 s 311.3 s twice (``python
+#: scripts/bench_extend_share.py``); 0.45 is not yet measured through the driver.
 EXTEND_SHARE_LARGE = 0.3
 EXTEND_LARGE_SOURCE_CELLS = 512
 #: Share of the time limit for the V shape's extended schedules
