@@ -8,24 +8,27 @@ CUTS``), so until search revision 38 it searched by the full model's share and t
 microbatch windows, after extended schedules that took 0.75 of the minute
 (``warm_starts.EXTEND_SHARE_LARGE``). Revision 38 gives the extension 0.3 and, past
 the limit, runs the full model until it stalls and then the descent by probes
-(``optpipe/optimizer/descent.py``). The cell's answers spread from run to run (which of
-16 x 32's many optima the extension repeats), so one run says little: each variant
-runs the driver ``--runs`` times (``bench_solver.bench_problem``: F = B = W = 1 s, p2p
-0.05 s, budget S/2, 60 s) and the table gives every run's answer, bound and gap, what
-the main run did, and how many runs ended within 0.5%.
+(``optpipe/optimizer/descent.py``). The cell's answers spread from run to run (which
+of 16 x 32's many optima the extension repeats), so one run says little: each variant
+runs the driver ``--runs`` times (``bench_solver.bench_problem``: F = B = W = 1 s,
+p2p 0.05 s, budget S/2, 60 s) and the table gives every run's answer, bound and gap,
+what the main run did, and how many runs ended within 0.5%.
 
 Variants:
 
-* ``revision 38``: the driver as it is;
-* ``revision 37``: the extension's share back at 0.75 and the windows instead of the
-  descent (the driver before revision 38);
+* ``revision 38``: the driver as it is (the share 0.3, the descent);
+* ``share 0.45``: the descent with the share at 0.45 (27 s of the minute, where
+  ``scripts/bench_extend_share.py`` found the extensions alone dependable; it leaves
+  the main run less time for the probe);
+* ``revision 37``: the share back at 0.75 and the windows instead of the descent (the
+  driver before revision 38);
 * ``windows``: the share at 0.3 but the windows instead of the descent (what the share
   alone does).
 
 Every time is wall time on this machine. Nothing is asserted; the table goes to
 docs/optimizer-log.md between markers.
 
-    python scripts/bench_descent.py                   # 3 variants x 3 runs: ~10 min
+    python scripts/bench_descent.py                   # 4 variants x 3 runs: ~13 min
     python scripts/bench_descent.py --variants 'revision 38' --runs 5 --no-write
 """
 
@@ -48,8 +51,8 @@ from docblock import publish  # noqa: E402
 DOC = ROOT / "docs" / "optimizer-log.md"
 MARKERS = "<!-- descent:start -->", "<!-- descent:end -->"
 #: (name, the extension's share, does one stage per device descend past the limit)
-VARIANTS = {"revision 38": (None, True), "revision 37": (0.75, False),
-            "windows": (None, False)}
+VARIANTS = {"revision 38": (None, True), "share 0.45": (0.45, True),
+            "revision 37": (0.75, False), "windows": (0.3, False)}
 GAP = 0.005
 
 

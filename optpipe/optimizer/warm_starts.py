@@ -59,7 +59,10 @@ EXTEND_SHARE = 0.25
 #: revision 38: 3 of 3 within 0.5% each time; with 0.75 and the windows, 0 of 3 each
 #: time, answers 304.0-311.9 s). At the edge, though: alone, 18 s gave 304.0 s once and
 #: 313.6 s once, 27 s 304.0 s twice, 45 s 311.3 s twice (``python
-#: scripts/bench_extend_share.py``); 0.45 is not yet measured through the driver.
+#: scripts/bench_extend_share.py``). Through the driver 0.45 is no better: 5 of 6 runs
+#: within 0.5% against 5 of 6 for 0.3 (its misses a probe out of time, 0.3's a worse
+#: extension; ``python scripts/bench_descent.py --variants 'revision 38,share 0.45'``,
+#: twice, docs/optimizer-log.md).
 EXTEND_SHARE_LARGE = 0.3
 EXTEND_LARGE_SOURCE_CELLS = 512
 #: Share of the time limit for the V shape's extended schedules
