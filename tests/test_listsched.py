@@ -175,3 +175,22 @@ def test_admission_schedules_include_the_lookahead_ones() -> None:
     assert fastest.endswith("-look")
     assert all(makespans[fastest] < m - 1.0 for n, m in makespans.items()
                if not n.endswith("-look"))
+
+
+@pytest.mark.parametrize("shape", ["v", "interleaved"])
+def test_past_the_deadline_the_first_of_each_kind_is_still_made(shape: str) -> None:
+    """A deadline already past (a short ``--time-limit`` after the fixed schedules) stops
+    each kind after its first schedule, which is the first of the full set: under a short
+    limit the chunked placements still get their list schedules, and the same ones."""
+    problem = uniform_problem(4, 8, forward=1.0, backward_input=1.0, backward_weight=1.0,
+                              p2p=0.05, activation=1000, freed_by_b=500,
+                              static=0).activation_budget(2)
+    place = PLACEMENTS[shape](problem.devices)
+    every = list_schedules(problem, place)
+    assert len(every) > 1, "else the deadline has nothing to stop"
+    cut = list_schedules(problem, place, deadline=0.0)
+    assert [s.actions for s in cut] == [every[0].actions]
+    admitted = admission_schedules(problem, place, deadline=0.0)
+    assert len(admission_schedules(problem, place)) > 1
+    assert len(admitted) == 1
+    assert simulate(problem, admitted[0]).fits

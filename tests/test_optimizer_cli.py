@@ -57,6 +57,24 @@ def test_solve_table(tmp_path, problem_file, capsys) -> None:
     assert "optpipe" in text and "1f1b" in text and "status" in text
 
 
+def test_a_run_past_the_time_limit_says_why(problem_file) -> None:
+    """The fixed schedules and the first warm starts are built whatever the limit; a
+    command that ran past it says so, with the time they took and what the search had,
+    and one within it (or within the slack) says nothing."""
+    from optpipe.optimizer.cli import LIMIT_SLACK, _over_limit
+    from optpipe.optimizer.driver import solve
+
+    _, problem = problem_file
+    result = solve(problem, time_limit=5, progress=False, cache=False)
+    assert _over_limit(result, problem, 5, result.wall_time) == ""
+    assert _over_limit(result, problem, 1, 1 + LIMIT_SLACK) == ""
+    note = _over_limit(result, problem, 1, 7.5)
+    assert note.startswith("note: took 7.5 s, over --time-limit 1 s")
+    assert f"({result.warm_start_time:.1f} s for 3 x 4 here)" in note
+    result.warm_start_time = None                        # a cached answer
+    assert _over_limit(result, problem, 1, 7.5) == "note: took 7.5 s, over --time-limit 1 s"
+
+
 def test_solve_infeasible_is_one_line(tmp_path, problem_file, capsys) -> None:
     path, _ = problem_file
     code = main(["solve", "--problem", str(path), "--mem", "1.5GB", "--time-limit", "5",

@@ -107,6 +107,10 @@ def test_cache_hit_is_revalidated(private_cache) -> None:
     second = solve(problem, time_limit=10, progress=False, offload=False)
     assert second.status == CACHED
     assert second.sim.makespan == pytest.approx(first.sim.makespan)
+    # the time before the search is the solve's, not the cache's
+    assert 0 < first.warm_start_time <= first.wall_time
+    assert first.schedule.provenance["warm_start_time"] == round(first.warm_start_time, 3)
+    assert second.warm_start_time is None
     # a tampered entry (over budget) is not used
     data = json.loads(files[0].read_text())
     data["provenance"]["problem_hash"] = "0" * 16

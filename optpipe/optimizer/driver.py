@@ -44,7 +44,8 @@ from optpipe.optimizer.result import (ERROR, FEASIBLE, OPTIMAL, EngineResult, Pr
                                       relative_gap)
 from optpipe.optimizer.spaces import (Space, bound_with_offload, build_seconds,
                                       fused_relaxed_bound, memory_lifts, placement_spaces)
-from optpipe.optimizer.warm_starts import (CHUNKED_EXTEND_SHARE, OFFLOAD_STARTS_SHARE,
+from optpipe.optimizer.warm_starts import (CHUNKED_EXTEND_SHARE, LIST_SCHEDULES_SHARE,
+                                           OFFLOAD_STARTS_SHARE,
                                            OFFLOAD_STARTS_SHARE_SOFT, PERIODIC_SHARE,
                                            add_chunked_extended, add_extended,
                                            add_list_schedules, add_offloaded_starts,
@@ -117,6 +118,12 @@ class SolveResult:
     #: "bound": seconds, "gap": ..., "optimal": bool}``. The overall ``bound`` is the least
     #: of them; a placement can be proven optimal while the overall gap stays open.
     placements: list[dict[str, Any]] = field(default_factory=list)
+    #: Seconds from the call to the start of the search: the fixed schedules and the
+    #: warm starts, some of which are built whatever the time limit (every fixed
+    #: schedule, for the comparison and the never-worse rule; the first list schedule of
+    #: each kind). None for a cached answer. Why kept: a limit shorter than this is
+    #: exceeded, and the command says so with this figure.
+    warm_start_time: float | None = None
 
     def __iter__(self):
         yield self.schedule
@@ -205,7 +212,8 @@ def solve(problem: Problem, *, solver: str = "auto", offload: bool | None = None
     # the offloaded starts to the time the search leaves over
     searches: dict[str, RandomizedSearch] = {}
     tick()
-    add_list_schedules(problem, fixed, split_backward, allowed)
+    add_list_schedules(problem, fixed, split_backward, allowed,
+                       deadline=t0 + time_limit * LIST_SCHEDULES_SHARE)
     if cache:
         add_previous(problem, fixed, key, split_backward, allowed)
     tick()
@@ -239,6 +247,7 @@ def solve(problem: Problem, *, solver: str = "auto", offload: bool | None = None
         relaxed)
     if reporter is not None and hasattr(reporter, "start"):
         reporter.start()       # the live line's clock runs through the engines' runs
+    warm_start_time = time.monotonic() - t0
     try:
         union_bound = _search(problem, spaces, runs, fixed, best_fixed, engine=engine,
                               deadline=t0 + time_limit, gap=gap, threads=threads,
@@ -270,6 +279,7 @@ def solve(problem: Problem, *, solver: str = "auto", offload: bool | None = None
         result.message = "; ".join(filter(None, [result.message] + notes))
     result.fixed = _shown(everything, fixed)
     result.runs = runs
+    result.warm_start_time = warm_start_time
     result.placements = _placement_proofs(problem, spaces, runs, fixed, use_offload, gap)
     _stamp(result, problem, time_limit=time_limit, gap=gap, threads=threads,
            offload=use_offload, split_backward=split_backward, levels=levels,
@@ -793,6 +803,8 @@ def _stamp(result: SolveResult, problem: Problem, **options: Any) -> None:
         split_backward=options["split_backward"], threads=options["threads"],
         requested_gap=options["gap"], search_revision=cache_mod.SEARCH_REVISION,
         problem=problem.to_record())
+    if result.warm_start_time is not None:
+        prov["warm_start_time"] = round(result.warm_start_time, 3)
     if options["offload"]:
         prov["offload_levels"] = list(options["levels"])
     if options["allowed"] is not None:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import time
 from dataclasses import replace
 from typing import Mapping, Sequence
 
@@ -184,9 +185,22 @@ def pop_waking(wake: list[tuple[float, int, int]]) -> tuple[float, list[int]]:
     return t, sorted(devices)
 
 
+def past(deadline: float | None, have: Sequence[object]) -> bool:
+    """Is it time to stop adding more of one kind of list schedule?
+
+    Why "once one is in hand": a list schedule on a chunked placement is often far
+    ahead of every fixed schedule (the 16-stage preset: 1.820 s on the V shape against
+    zb-auto's 1.944 s) and one costs 0.03-0.3 s, so even a short ``--time-limit`` gets
+    one of each kind; all of them take seconds at 16 x 64 (about 4 s for both chunked
+    placements, ``scripts/bench_presearch.py``)."""
+    return deadline is not None and bool(have) and time.monotonic() > deadline
+
+
 def list_schedules(problem: Problem, placement: Sequence[int],
-                   split_backward: bool = True) -> list[Schedule]:
-    """Every rule, reserve and W policy on ``placement`` (each distinct order once)."""
+                   split_backward: bool = True, deadline: float | None = None
+                   ) -> list[Schedule]:
+    """Every rule, reserve and W policy on ``placement`` (each distinct order once);
+    past ``deadline`` (``time.monotonic()``) no more once one is made (:func:`past`)."""
     out: list[Schedule] = []
     seen: set[tuple] = set()
     graph = task_graph(problem, split_backward, placement)
@@ -196,6 +210,8 @@ def list_schedules(problem: Problem, placement: Sequence[int],
             if reserve and len(placement) == problem.devices:
                 continue                      # one stage per device: nothing to reserve
             for eager in EAGER_W:
+                if past(deadline, out):
+                    return out
                 schedule = list_schedule(problem, placement, split_backward, rule=rule,
                                          reserve=reserve, eager_w=eager, graph=graph,
                                          tail=tail)
@@ -209,7 +225,8 @@ def list_schedules(problem: Problem, placement: Sequence[int],
     return out
 
 
-def admission_runs(problem: Problem, placement: Sequence[int]
+def admission_runs(problem: Problem, placement: Sequence[int],
+                   deadline: float | None = None
                    ) -> list[tuple[list[Order], greedy.Policy]]:
     """ZB-V's greedy on a chunked ``placement`` under ``problem``'s budget with every
     :data:`RESERVE_SHARES` share, ZB-V variant and :data:`LOOKAHEADS` setting: the
@@ -217,6 +234,7 @@ def admission_runs(problem: Problem, placement: Sequence[int]
 
     The engine's memory is exact for compute-only orders, so whether an order fits is
     known without simulating it. `scripts/bench_openings.py` reads every run from here.
+    Past ``deadline`` no more runs once one fits (:func:`past`).
     """
     place = list(placement)
     split = problem.split(place)
@@ -225,6 +243,8 @@ def admission_runs(problem: Problem, placement: Sequence[int]
     seen: set[tuple] = set()
     for share, variant, lookahead in itertools.product(RESERVE_SHARES, VARIANTS,
                                                        LOOKAHEADS):
+        if past(deadline, runs):
+            break
         policy = replace(variant, mem_cap=cap, reserve=share, lookahead=lookahead)
         try:
             run = greedy.list_schedule(split, place, policy)
@@ -239,16 +259,17 @@ def admission_runs(problem: Problem, placement: Sequence[int]
     return [(orders, policy) for _, _, orders, policy in runs]
 
 
-def admission_schedules(problem: Problem, placement: Sequence[int]) -> list[Schedule]:
+def admission_schedules(problem: Problem, placement: Sequence[int],
+                        deadline: float | None = None) -> list[Schedule]:
     """ZB-V's greedy on a chunked ``placement`` under ``problem``'s budget, holding only
     :data:`RESERVE_SHARES` of each new microbatch's later-chunk bytes at admission
     (see the module docstring): of every share and ZB-V variant, the
     :data:`ADMISSION_KEEP` distinct orders that fit with the least estimated makespan
-    (:func:`admission_runs`); the caller simulates the few kept.
+    (:func:`admission_runs`, until ``deadline``); the caller simulates the few kept.
     """
     place = list(placement)
     out = []
-    for orders, policy in admission_runs(problem, place)[:ADMISSION_KEEP]:
+    for orders, policy in admission_runs(problem, place, deadline)[:ADMISSION_KEEP]:
         name = f"admit-r{policy.reserve:g}-{policy.prefer}-{policy.w_mode}" + (
             "-guard" if policy.guard_b else "") + ("-look" if policy.lookahead else "")
         schedule = from_orders(name, place, problem.microbatches, orders)
@@ -258,11 +279,13 @@ def admission_schedules(problem: Problem, placement: Sequence[int]) -> list[Sche
 
 
 def warm_starts(problem: Problem, placement: Sequence[int],
-                split_backward: bool = True) -> list[Schedule]:
+                split_backward: bool = True, deadline: float | None = None
+                ) -> list[Schedule]:
     """What the driver starts a chunked placement from besides the fixed schedules: the
     list schedules and, with split backwards (ZB-V's greedy models no fused backward),
-    the admission schedules. Unsimulated; the caller keeps those that fit."""
-    starts = list_schedules(problem, placement, split_backward)
+    the admission schedules; past ``deadline`` at least one of each kind (:func:`past`).
+    Unsimulated; the caller keeps those that fit."""
+    starts = list_schedules(problem, placement, split_backward, deadline)
     if split_backward:
-        starts += admission_schedules(problem, placement)
+        starts += admission_schedules(problem, placement, deadline)
     return starts

@@ -88,8 +88,9 @@ def offloaded_list_schedules(problem: Problem, placement: Sequence[int],
     placements) it cuts the 40-50 s the failing fits took per factor and placement.
     """
     out: list[Schedule] = []
-    # every rule and reserve, each distinct order once (list_schedules dedups)
-    for plan in list_schedules(relaxed(problem, factor), placement, split_backward):
+    # every rule and reserve, each distinct order once (list_schedules dedups); past
+    # the deadline none is fitted, so none more is planned
+    for plan in list_schedules(relaxed(problem, factor), placement, split_backward, deadline):
         if deadline is not None and time.monotonic() > deadline:
             return out
         fitted = _fitted(problem, plan, factor, "a list schedule", bar)

@@ -36,6 +36,13 @@ from optpipe.units import format_seconds
 if TYPE_CHECKING:
     from optpipe.optimizer.offload_list import RandomizedSearch
 
+#: Share of the time limit after which the list schedules (:func:`add_list_schedules`)
+#: stop at the first of each kind per placement. Why a share at all: they take a fixed
+#: time whatever the limit (about 4 s at 16 x 64 on 2 cores, ``scripts/
+#: bench_presearch.py``), which put ``--stages 16 --microbatches 64 --mem 40GB
+#: --time-limit 5`` at 13.2 s; at the default minute 20% is 12 s, more than they need,
+#: so nothing changes there (``scripts/bench_time_limit.py`` measures both).
+LIST_SCHEDULES_SHARE = 0.2
 #: Share of the time limit for periodic blocks (:mod:`.periodic`), over all placements.
 PERIODIC_SHARE = 0.08
 #: ... and at most this many seconds per placement.
@@ -113,7 +120,8 @@ REFINE_PLAN_SECONDS = 15.0
 
 
 def add_list_schedules(problem: Problem, fixed: FixedSet, split_backward: bool,
-                       allowed: tuple[str, ...] | None = None) -> None:
+                       allowed: tuple[str, ...] | None = None,
+                       deadline: float | None = None) -> None:
     """Add the fitting list schedules (:mod:`.listsched`) of the chunked placements.
 
     Why: at every budget they are cheap (about 2.5 s for both chunked placements at
@@ -128,13 +136,15 @@ def add_list_schedules(problem: Problem, fixed: FixedSet, split_backward: bool,
     (``scripts/bench_listsched.py``), only one more set of hints to sort. With split
     backwards, ZB-V's greedy holding back only part of each microbatch's later-chunk
     bytes (:func:`~.listsched.admission_schedules`; about 0.7 s per placement at 16 x 32).
+    Past ``deadline`` (the driver's :data:`LIST_SCHEDULES_SHARE` of a short time limit)
+    only the first of each kind per placement.
     """
     from optpipe.optimizer.listsched import warm_starts
 
     for label, place, split in searched_shapes(problem, split_backward, allowed):
         if place == linear_placement(problem.devices):
             continue
-        add_fitting(problem, fixed, warm_starts(problem, place, split), label)
+        add_fitting(problem, fixed, warm_starts(problem, place, split, deadline), label)
 
 
 def add_previous(problem: Problem, fixed: FixedSet, key: str, split_backward: bool,
