@@ -183,9 +183,10 @@ def _over_limit(result: Any, problem: Any, limit: float, took: float) -> str:
 
     Why a note and not a shorter run: what runs whatever the limit is what the answer
     must be checked against — every fixed schedule, simulated, for the comparison and the
-    never-worse rule — plus the first list schedule of each kind (at 16 x 64 about 3 s and
-    2 s on 2 cores, ``scripts/bench_time_limit.py``); a user who gave a short limit should
-    know that it bought no search."""
+    never-worse rule (3-4 s at 16 x 64 on 2 cores, ``scripts/bench_presearch.py``) — plus
+    the first warm starts of each kind (what the command takes in all:
+    ``scripts/bench_time_limit.py``); a user who gave a short limit should know that it
+    bought little or no search."""
     if took <= limit + LIMIT_SLACK:
         return ""
     warm = getattr(result, "warm_start_time", None)
