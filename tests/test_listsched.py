@@ -194,3 +194,25 @@ def test_past_the_deadline_the_first_of_each_kind_is_still_made(shape: str) -> N
     assert len(admission_schedules(problem, place)) > 1
     assert len(admitted) == 1
     assert simulate(problem, admitted[0]).fits
+
+
+def test_nothing_more_is_built_once_a_schedule_in_hand_meets_the_floor() -> None:
+    """4 x 8 at twice 1F1B's memory: a fixed schedule meets the no-memory bound of
+    every placement, so it is optimal and no list schedule is built; with no floor known
+    (None) they are, as before."""
+    from optpipe.optimizer.spaces import least_bound, shape_bounds
+    from optpipe.optimizer.preprocess import fixed_schedules
+    from optpipe.optimizer.warm_starts import meets
+
+    problem = uniform_problem(4, 8, forward=1.0, backward_input=1.0, backward_weight=1.0,
+                              p2p=0.05, activation=1000, freed_by_b=500,
+                              static=0).activation_budget(8)
+    floor = least_bound(problem, shape_bounds(problem, True, False), True, False)
+    fixed = fixed_schedules(problem)
+    assert meets(fixed, floor, False, True), "the premise: a fixed schedule is optimal"
+    before = len(fixed.candidates)
+    add_list_schedules(problem, fixed, True, floor=floor)
+    assert len(fixed.candidates) == before
+    add_list_schedules(problem, fixed, True)
+    assert len(fixed.candidates) > before
+    assert not meets(fixed, None, False, True)

@@ -98,6 +98,21 @@ def test_infeasible_budget_names_min_budgets() -> None:
     assert result.sim.fits
 
 
+@pytest.mark.parametrize("budget", [0.5, 1, 2])
+def test_the_floor_known_before_the_warm_starts_is_below_the_reported_bound(
+        budget: float) -> None:
+    """The driver stops building warm starts once one meets ``spaces.least_bound``; that
+    is sound only if it is never above the bound the driver reports."""
+    from optpipe.optimizer.spaces import least_bound, shape_bounds
+
+    problem = uniform_problem(4, 8, p2p=0.05).activation_budget(budget * 4)
+    for offload in (False, True):
+        floor = least_bound(problem, shape_bounds(problem, True, offload), True, offload)
+        result = solve(problem, time_limit=5, progress=False, offload=offload, cache=False)
+        assert floor is not None and result.bound is not None
+        assert floor <= result.bound + 1e-9 <= result.sim.makespan + 2e-9
+
+
 def test_cache_hit_is_revalidated(private_cache) -> None:
     problem = uniform_problem(3, 4, p2p=0.1).activation_budget(2)
     first = solve(problem, time_limit=10, progress=False, offload=False)

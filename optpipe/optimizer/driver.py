@@ -43,14 +43,15 @@ from optpipe.optimizer.progress import (SearchProgress, progress_sink, search_he
 from optpipe.optimizer.result import (ERROR, FEASIBLE, OPTIMAL, EngineResult, ProgressFn,
                                       relative_gap)
 from optpipe.optimizer.spaces import (Space, bound_with_offload, build_seconds,
-                                      fused_relaxed_bound, memory_lifts, placement_spaces)
+                                      fused_relaxed_bound, least_bound, memory_lifts,
+                                      placement_spaces, shape_bounds)
 from optpipe.optimizer.warm_starts import (CHUNKED_EXTEND_SHARE, LIST_SCHEDULES_SHARE,
                                            OFFLOAD_STARTS_SHARE,
                                            OFFLOAD_STARTS_SHARE_SOFT, PERIODIC_SHARE,
                                            add_chunked_extended, add_extended,
                                            add_list_schedules, add_offloaded_starts,
                                            add_periodic, add_previous, extend_share,
-                                           refine_offloaded)
+                                           meets, refine_offloaded)
 from optpipe.problem import Problem
 from optpipe.schedule import (Schedule, linear_placement, placement_name,
                               searched_placements)
@@ -212,17 +213,25 @@ def solve(problem: Problem, *, solver: str = "auto", offload: bool | None = None
     # the offloaded starts to the time the search leaves over
     searches: dict[str, RandomizedSearch] = {}
     tick()
+    # the bounds hold whatever is in hand: known first, they say when a schedule in hand
+    # is optimal already, and the warm starts after it would be built for nothing
+    bounds = shape_bounds(problem, split_backward, use_offload, allowed)
+    floor = least_bound(problem, bounds, split_backward, use_offload)
     add_list_schedules(problem, fixed, split_backward, allowed,
-                       deadline=t0 + time_limit * LIST_SCHEDULES_SHARE)
+                       deadline=t0 + time_limit * LIST_SCHEDULES_SHARE, floor=floor,
+                       use_offload=use_offload)
     if cache:
         add_previous(problem, fixed, key, split_backward, allowed)
     tick()
-    if use_offload and held_back:
+    optimal_in_hand = meets(fixed, floor, use_offload, split_backward)
+    if use_offload and held_back and not optimal_in_hand:
         add_offloaded_starts(problem, fixed, split_backward, allowed,
                              time_limit * (OFFLOAD_STARTS_SHARE if binds
                                            else OFFLOAD_STARTS_SHARE_SOFT), searches)
         tick()
-    if binds:
+    if optimal_in_hand:
+        pass                         # the search below returns it at once, as optimal
+    elif binds:
         add_periodic(problem, fixed, split_backward, use_offload,
                      time_limit * PERIODIC_SHARE, threads, allowed)
         tick()
@@ -239,7 +248,8 @@ def solve(problem: Problem, *, solver: str = "auto", offload: bool | None = None
     best_fixed = bar_to_beat(fixed, use_offload, split_backward)
     runs: list[EngineResult] = []
     engine = "cpsat" if solver == "auto" else solver
-    spaces = placement_spaces(problem, split_backward, fixed, engine, use_offload, allowed)
+    spaces = placement_spaces(problem, split_backward, fixed, engine, use_offload, allowed,
+                              bounds)
     relaxed = fused_relaxed_bound(problem, spaces) if split_backward else None
     notes: list[str] = []
     live = None if reporter is None else SearchProgress(

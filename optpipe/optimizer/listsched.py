@@ -38,7 +38,7 @@ import heapq
 import itertools
 import time
 from dataclasses import replace
-from typing import Mapping, Sequence
+from typing import Iterator, Mapping, Sequence
 
 from optpipe.generators import listsched as greedy
 from optpipe.generators.base import Order
@@ -278,14 +278,22 @@ def admission_schedules(problem: Problem, placement: Sequence[int],
     return out
 
 
+def warm_start_kinds(problem: Problem, placement: Sequence[int],
+                     split_backward: bool = True, deadline: float | None = None
+                     ) -> Iterator[list[Schedule]]:
+    """What the driver starts a chunked placement from besides the fixed schedules, kind
+    by kind: the list schedules and, with split backwards (ZB-V's greedy models no fused
+    backward), the admission schedules; past ``deadline`` at least one of each
+    (:func:`past`). Unsimulated; the caller keeps those that fit. A generator, so that a
+    caller holding an optimal schedule after one kind need not build the next."""
+    yield list_schedules(problem, placement, split_backward, deadline)
+    if split_backward:
+        yield admission_schedules(problem, placement, deadline)
+
+
 def warm_starts(problem: Problem, placement: Sequence[int],
                 split_backward: bool = True, deadline: float | None = None
                 ) -> list[Schedule]:
-    """What the driver starts a chunked placement from besides the fixed schedules: the
-    list schedules and, with split backwards (ZB-V's greedy models no fused backward),
-    the admission schedules; past ``deadline`` at least one of each kind (:func:`past`).
-    Unsimulated; the caller keeps those that fit."""
-    starts = list_schedules(problem, placement, split_backward, deadline)
-    if split_backward:
-        starts += admission_schedules(problem, placement, deadline)
-    return starts
+    """Every kind of :func:`warm_start_kinds`, in one list."""
+    return [s for kind in warm_start_kinds(problem, placement, split_backward, deadline)
+            for s in kind]

@@ -121,7 +121,8 @@ REFINE_PLAN_SECONDS = 15.0
 
 def add_list_schedules(problem: Problem, fixed: FixedSet, split_backward: bool,
                        allowed: tuple[str, ...] | None = None,
-                       deadline: float | None = None) -> None:
+                       deadline: float | None = None, floor: float | None = None,
+                       use_offload: bool = False) -> None:
     """Add the fitting list schedules (:mod:`.listsched`) of the chunked placements.
 
     Why: at every budget they are cheap (about 2.5 s for both chunked placements at
@@ -137,14 +138,32 @@ def add_list_schedules(problem: Problem, fixed: FixedSet, split_backward: bool,
     backwards, ZB-V's greedy holding back only part of each microbatch's later-chunk
     bytes (:func:`~.listsched.admission_schedules`; about 0.7 s per placement at 16 x 32).
     Past ``deadline`` (the driver's :data:`LIST_SCHEDULES_SHARE` of a short time limit)
-    only the first of each kind per placement.
+    only the first of each kind per placement. Once a schedule in hand meets ``floor``
+    (a bound below every schedule, :func:`~.spaces.least_bound`) no more are built: it
+    is optimal (``--stages 16 --microbatches 64``: the V shape's first list schedule,
+    and the other kinds took 4 s more).
     """
-    from optpipe.optimizer.listsched import warm_starts
+    from optpipe.optimizer.listsched import warm_start_kinds
 
+    if meets(fixed, floor, use_offload, split_backward):
+        return
     for label, place, split in searched_shapes(problem, split_backward, allowed):
         if place == linear_placement(problem.devices):
             continue
-        add_fitting(problem, fixed, warm_starts(problem, place, split, deadline), label)
+        for kind in warm_start_kinds(problem, place, split, deadline):
+            add_fitting(problem, fixed, kind, label)
+            if meets(fixed, floor, use_offload, split_backward):
+                return
+
+
+def meets(fixed: FixedSet, floor: float | None, use_offload: bool,
+          split_backward: bool) -> bool:
+    """Does the best schedule in hand (that may be returned) meet ``floor``, a bound
+    below every schedule (:func:`~.spaces.least_bound`; None: none known)?"""
+    if floor is None:
+        return False
+    best = bar_to_beat(fixed, use_offload, split_backward)
+    return best is not None and best.makespan <= floor * (1 + 1e-9)
 
 
 def add_previous(problem: Problem, fixed: FixedSet, key: str, split_backward: bool,
