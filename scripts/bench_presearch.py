@@ -44,6 +44,7 @@ PHASES = (("driver", "fixed_schedules", "fixed schedules"),
           ("driver", "add_periodic", "periodic"),
           ("driver", "add_extended", "extended (one stage per device)"),
           ("driver", "add_chunked_extended", "extended (V shape)"),
+          ("driver", "shape_bounds", "placements' bounds"),
           ("driver", "placement_spaces", "placements' bounds"),
           ("warm_starts", "placement_spaces", "placements' bounds"))
 
