@@ -183,7 +183,7 @@ def _over_limit(result: Any, problem: Any, limit: float, took: float) -> str:
 
     Why a note and not a shorter run: what runs whatever the limit is what the answer
     must be checked against — every fixed schedule, simulated, for the comparison and the
-    never-worse rule (3-4 s at 16 x 64 on 2 cores, ``scripts/bench_presearch.py``) — plus
+    never-worse rule (2-4 s at 16 x 64 on 2 cores, ``scripts/bench_presearch.py``) — plus
     the first warm starts of each kind (what the command takes in all:
     ``scripts/bench_time_limit.py``); a user who gave a short limit should know that it
     bought little or no search."""

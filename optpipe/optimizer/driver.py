@@ -244,7 +244,7 @@ def solve(problem: Problem, *, solver: str = "auto", offload: bool | None = None
         # extensions are their start as there
         add_chunked_extended(problem, fixed, split_backward,
                              time_limit * CHUNKED_EXTEND_SHARE, threads, allowed,
-                             heartbeat)
+                             heartbeat, None if use_offload else bounds)
     best_fixed = bar_to_beat(fixed, use_offload, split_backward)
     runs: list[EngineResult] = []
     engine = "cpsat" if solver == "auto" else solver

@@ -154,14 +154,14 @@ def placement_spaces(problem: Problem, split_backward: bool, fixed: FixedSet,
         on = fitting_on(fixed, place, split, faster, use_offload)
         if place != linear_placement(problem.devices) and not on:
             continue
-        free, held, with_offload = (bounds[label].free, bounds[label].held,
-                                    bounds[label].with_offload)
+        known = bounds[label]
         # the start an order-model search has here: offloading schedules count for the
         # incumbent, but no order model can start from one
         start = min((c.makespan for c in on if not c.schedule.offloads), default=math.inf)
-        out.append(Space(label, place, with_offload if use_offload else held, start, split,
+        out.append(Space(label, place, known.bound(use_offload), start, split,
                          overrun=expected_overrun(problem, place, engine),
-                         free_bound=free, order_bound=held, offload_bound=with_offload))
+                         free_bound=known.free, order_bound=known.held,
+                         offload_bound=known.with_offload))
     if not out:
         raise OptPipeError(f"no fixed schedule on the {' or '.join(allowed or ())} "
                            f"placement fits this budget, so the search has nothing to "

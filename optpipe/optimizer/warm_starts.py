@@ -35,6 +35,7 @@ from optpipe.units import format_seconds
 
 if TYPE_CHECKING:
     from optpipe.optimizer.offload_list import RandomizedSearch
+    from optpipe.optimizer.spaces import ShapeBounds
 
 #: Share of the time limit after which the list schedules (:func:`add_list_schedules`)
 #: stop at the first of each kind per placement. Why a share at all: they take a fixed
@@ -497,7 +498,8 @@ def add_extended(problem: Problem, fixed: FixedSet, split_backward: bool,
 
 def add_chunked_extended(problem: Problem, fixed: FixedSet, split_backward: bool,
                          seconds: float, threads: int, allowed: tuple[str, ...] | None,
-                         heartbeat: Callable[[], None] | None = None) -> None:
+                         heartbeat: Callable[[], None] | None = None,
+                         bounds: "dict[str, ShapeBounds] | None" = None) -> None:
     """Add schedules of the V shape, when searched first among the chunked placements,
     extended from a search on half the microbatches (:mod:`.extend`), where memory
     binds but not hard.
@@ -526,6 +528,7 @@ def add_chunked_extended(problem: Problem, fixed: FixedSet, split_backward: bool
     (:func:`add_extended`). With offload allowed, only beyond ``OFFLOAD_MAX_CELLS``
     (the caller's rule), where no offload model takes the time: 8 x 64 at S with
     offload, 196.7 s (gap 0.43% to the no-memory bound) against 197.55 s without them.
+    ``bounds``: the placements' :func:`~.spaces.shape_bounds`, when the caller has them.
     """
     from optpipe.optimizer.extend import MIN_SOURCE_MICROBATCHES, extended_schedules
 
@@ -535,7 +538,7 @@ def add_chunked_extended(problem: Problem, fixed: FixedSet, split_backward: bool
         return
     linear = linear_placement(problem.devices)
     chunked = [sp for sp in placement_spaces(problem, split_backward, fixed, "cpsat", False,
-                                             allowed)
+                                             allowed, bounds)
                if sp.placement != linear and sp.hinted]
     if not chunked or chunked[0].best_fixed <= chunked[0].bound * (1 + 1e-9) or \
             chunked[0].label.split("/")[0] != "v":
