@@ -15,6 +15,7 @@ the V shape.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -45,6 +46,8 @@ class Op(str, Enum):
 
 
 COMPUTE_OPS = (Op.F, Op.B, Op.W, Op.BW)
+_PLAIN = frozenset(COMPUTE_OPS)
+_NEEDS_BEFORE = {Op.B: Op.F, Op.BW: Op.F, Op.W: Op.B}   # what must come first on the device
 
 
 @dataclass(frozen=True)
@@ -152,16 +155,45 @@ class Schedule:
             raise InvalidScheduleError(f"schedule '{self.name}': has action lists for "
                                        f"{len(self.actions)} devices, expected {D}")
         seen: dict[tuple[Op, int, int], int] = {}
+        placement = self.placement
         for device, acts in enumerate(self.actions):
             position: dict[tuple[Op, int, int], int] = {}
             for index, action in enumerate(acts):
-                problem = self._action_problem(device, action, position, seen, acts)
-                if problem:
-                    raise InvalidScheduleError(
-                        f"schedule '{self.name}', device {device}, action #{index} "
-                        f"{action}: {problem}")
-                seen[action.key] = device
-                position[action.key] = index
+                op, s, m = key = (action.op, action.stage, action.microbatch)
+                # the common case, a plain F, B, W or BW in its place, checked inline; the
+                # rest (and anything wrong) by _action_problem, which names the problem
+                if not (op in _PLAIN and 0 <= s < S and 0 <= m < M and placement[s] == device
+                        and not action.wait and key not in seen
+                        and (op is Op.F or (_NEEDS_BEFORE[op], s, m) in position)
+                        and (op is not Op.B and op is not Op.BW
+                             or (Op.OFFLOAD, s, m) not in position)):
+                    problem = self._action_problem(device, action, position, seen, acts)
+                    if problem:
+                        raise InvalidScheduleError(
+                            f"schedule '{self.name}', device {device}, action #{index} "
+                            f"{action}: {problem}")
+                seen[key] = device
+                position[key] = index
+        if not self._complete(seen):
+            self._name_incomplete(seen)
+        return self
+
+    def _complete(self, seen: dict[tuple[Op, int, int], int]) -> bool:
+        """Whether every (stage, microbatch) has its F, one backward and its reloads.
+
+        Counting suffices given what the loop in :meth:`validate` already checked (no
+        duplicates, every W after its B and every RELOAD after its OFFLOAD on its device).
+        """
+        count = Counter(op for op, _, _ in seen)
+        cells = self.stages * self.microbatches
+        backward = {(s, m) for op, s, m in seen if op is Op.B or op is Op.BW}
+        return (count[Op.F] == cells and count[Op.B] + count[Op.BW] == cells
+                and len(backward) == cells and count[Op.W] == count[Op.B]
+                and count[Op.RELOAD] == count[Op.OFFLOAD])
+
+    def _name_incomplete(self, seen: dict[tuple[Op, int, int], int]) -> None:
+        """Raise naming the first (stage, microbatch) that lacks an action."""
+        S, M = self.stages, self.microbatches
         for s in range(S):
             for m in range(M):
                 has_f, has_b, has_w, has_bw, has_off, has_re = (
@@ -175,7 +207,7 @@ class Schedule:
                 if problem:
                     raise InvalidScheduleError(
                         f"schedule '{self.name}': stage {s}, microbatch {m} {problem}")
-        return self
+        raise AssertionError("_complete and _name_incomplete disagree")
 
     _NEEDS_BEFORE = {
         Op.B: (Op.F, "its F"), Op.BW: (Op.F, "its F"), Op.W: (Op.B, "its B"),

@@ -146,27 +146,28 @@ def dependency_function(schedule: Schedule) -> Callable[[Action], list[tuple[Op,
     when offloaded; ``W(s, m)`` for ``B(s, m)``; OFFLOAD for its F; RELOAD for its OFFLOAD.
     The runtime orders a one-process run with the same function.
     """
-    backward_op = {(a.stage, a.microbatch): a.op for _, a in schedule
-                   if a.op in (Op.B, Op.BW)}
-    offloaded = {(a.stage, a.microbatch) for _, a in schedule if a.op is Op.OFFLOAD}
+    F, B, W, BW, OFFLOAD, RELOAD = Op.F, Op.B, Op.W, Op.BW, Op.OFFLOAD, Op.RELOAD
+    every = [a for acts in schedule.actions for a in acts]
+    backward_op = {(a.stage, a.microbatch): a.op for a in every if a.op is B or a.op is BW}
+    offloaded = {(a.stage, a.microbatch) for a in every if a.op is OFFLOAD}
     last_stage = schedule.stages - 1
 
     def dependencies(action: Action) -> list[tuple[Op, int, int]]:
-        s, m = action.stage, action.microbatch
-        if action.op is Op.F:
-            return [(Op.F, s - 1, m)] if s > 0 else []
-        if action.op in (Op.B, Op.BW):
-            deps = [(Op.F, s, m)]
+        op, s, m = action.op, action.stage, action.microbatch
+        if op is F:
+            return [(F, s - 1, m)] if s > 0 else []
+        if op is B or op is BW:
+            deps = [(F, s, m)]
             if s < last_stage:
                 deps.append((backward_op[(s + 1, m)], s + 1, m))
-            if (s, m) in offloaded:
-                deps.append((Op.RELOAD, s, m))
+            if offloaded and (s, m) in offloaded:
+                deps.append((RELOAD, s, m))
             return deps
-        if action.op is Op.W:
-            return [(Op.B, s, m)]
-        if action.op is Op.OFFLOAD:
-            return [(Op.F, s, m)]
-        return [(Op.OFFLOAD, s, m)]
+        if op is W:
+            return [(B, s, m)]
+        if op is OFFLOAD:
+            return [(F, s, m)]
+        return [(OFFLOAD, s, m)]
 
     return dependencies
 
@@ -177,100 +178,146 @@ def simulate(problem: Problem, schedule: Schedule, check_budget: bool = False) -
     With ``check_budget`` a schedule that exceeds a device's budget raises an error that
     names the device, its peak and its budget, instead of returning a result whose
     ``fits`` is False.
+
+    Why it is written over flat lists: every fixed schedule, list schedule and warm start
+    is judged here, thousands of actions each, so the loop works on action indices with
+    their durations and dependencies resolved once. A device that waits on an action of
+    another device is parked on it and woken when it ends, so no device is polled in vain.
     """
     schedule.validate()
     prob = problem_for(problem, schedule)
     D = schedule.devices
-    placement = schedule.placement
-    keys = {a.key for _, a in schedule}
-    dependencies = dependency_function(schedule)
-    end: dict[tuple[Op, int, int], float] = {}
-    device_of = {k: placement[k[1]] for k in keys}
+    plan = _Plan(prob, schedule)
+    end = [-1.0] * plan.count                # end of each action; < 0 while not run
+    start_of = [0.0] * plan.count
+    issue_of = [0.0] * plan.count
     pointer = [0] * D
     stream_free = [0.0] * D
     last_compute_end = [0.0] * D
     held_until = [0.0] * D                  # the end of the last OFFLOAD marked wait
-    channel_free = {(d, lane): 0.0 for d in range(D) for lane in (D2H, H2D)}
-    records: list[ActionRecord] = []
-    remaining = sum(len(acts) for acts in schedule.actions)
-    while remaining:
-        progressed = False
-        for d in range(D):
-            acts = schedule.actions[d]
-            while pointer[d] < len(acts):
-                action = acts[pointer[d]]
-                deps = dependencies(action)
-                ready = 0.0
-                blocked = False
-                for dep in deps:
-                    if dep not in end:
-                        blocked = True
-                        break
-                    arrival = end[dep]
-                    if device_of[dep] != d:
-                        arrival += prob.p2p
-                    ready = max(ready, arrival)
-                if blocked:
+    channel_free = [[0.0, 0.0] for _ in range(D)]   # per device: d2h, h2d
+    parked: dict[int, list[int]] = {}       # action index -> devices waiting for its end
+    runnable = list(range(D - 1, -1, -1))
+    deps, length, lane_of, wait = plan.deps, plan.length, plan.lane, plan.wait
+    while runnable:
+        d = runnable.pop()
+        order = plan.order[d]
+        at = pointer[d]
+        while at < len(order):
+            i = order[at]
+            ready = 0.0
+            missing = -1
+            for j, lag in deps[i]:
+                e = end[j]
+                if e < 0.0:
+                    missing = j
                     break
-                length = duration(prob, action)
-                if action.op.is_compute:
-                    issue = max(stream_free[d], held_until[d])
-                    start = max(issue, ready)
-                    finish = start + length
-                    stream_free[d] = finish
-                    last_compute_end[d] = finish
-                    lane = COMPUTE
-                else:
-                    lane = D2H if action.op is Op.OFFLOAD else H2D
-                    issue = max(last_compute_end[d], held_until[d])
-                    start = max(issue, ready, channel_free[(d, lane)])
-                    finish = start + length
-                    channel_free[(d, lane)] = finish
-                    if action.wait:
-                        held_until[d] = finish
-                end[action.key] = finish
-                records.append(ActionRecord(d, action, start, finish, issue, lane))
-                pointer[d] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:
-            raise InvalidScheduleError(_deadlock_message(
-                schedule, pointer, end, dependencies))
-    return _summarize(prob, schedule, records, check_budget)
+                if e + lag > ready:
+                    ready = e + lag
+            if missing >= 0:
+                parked.setdefault(missing, []).append(d)
+                break
+            lane = lane_of[i]
+            if lane == _COMPUTE:
+                issue = max(stream_free[d], held_until[d])
+                begin = max(issue, ready)
+                finish = begin + length[i]
+                stream_free[d] = finish
+                last_compute_end[d] = finish
+            else:
+                issue = max(last_compute_end[d], held_until[d])
+                begin = max(issue, ready, channel_free[d][lane])
+                finish = begin + length[i]
+                channel_free[d][lane] = finish
+                if wait[i]:
+                    held_until[d] = finish
+            start_of[i], end[i], issue_of[i] = begin, finish, issue
+            woken = parked.pop(i, None)
+            if woken:
+                runnable.extend(woken)
+            at += 1
+        pointer[d] = at
+    if any(pointer[d] < len(plan.order[d]) for d in range(D)):
+        done = {plan.actions[i].key for i in range(plan.count) if end[i] >= 0.0}
+        raise InvalidScheduleError(_deadlock_message(
+            schedule, pointer, done, dependency_function(schedule)))
+    return _summarize(prob, schedule, plan, start_of, end, issue_of, check_budget)
+
+
+_D2H_LANE, _H2D_LANE, _COMPUTE = 0, 1, 2
+_LANE_NAMES = (D2H, H2D, COMPUTE)
+
+
+class _Plan:
+    """A schedule's actions as flat lists: what :func:`simulate` reads in its loop.
+
+    ``deps[i]`` lists ``(j, lag)``: action ``i`` may start ``lag`` seconds (``p2p`` across
+    devices, 0 on one device) after action ``j`` ends, from :func:`dependency_function`.
+    ``moment[i]`` and ``delta[i]`` are its memory change from
+    :func:`~optpipe.memory.accounting.memory_delta`.
+    """
+
+    def __init__(self, prob: Problem, schedule: Schedule) -> None:
+        self.actions = [a for acts in schedule.actions for a in acts]
+        self.count = len(self.actions)
+        self.device = [d for d, acts in enumerate(schedule.actions) for _ in acts]
+        index = {a.key: i for i, a in enumerate(self.actions)}
+        position = iter(range(self.count))
+        self.order = [[next(position) for _ in acts] for acts in schedule.actions]
+        placement = schedule.placement
+        dependencies = dependency_function(schedule)
+        p2p = prob.p2p
+        self.deps = [[(index[dep], p2p if placement[dep[1]] != d else 0.0)
+                      for dep in dependencies(a)]
+                     for d, a in zip(self.device, self.actions)]
+        self.length = [duration(prob, a) for a in self.actions]
+        self.lane = [_LANE_OF[a.op] for a in self.actions]
+        self.wait = [a.wait for a in self.actions]
+        changes = [memory_delta(prob, a) for a in self.actions]
+        self.moment = [_MOMENT_CODE[moment] for moment, _ in changes]
+        self.delta = [delta for _, delta in changes]
+
+
+_LANE_OF = {Op.F: _COMPUTE, Op.B: _COMPUTE, Op.W: _COMPUTE, Op.BW: _COMPUTE,
+            Op.OFFLOAD: _D2H_LANE, Op.RELOAD: _H2D_LANE}
+_MOMENT_CODE = {"start": 0, "end": 1, "issue": 2}
 
 
 def _deadlock_message(schedule: Schedule, pointer: list[int],
-                      end: dict[tuple[Op, int, int], float], deps_of: Any) -> str:
+                      done: set[tuple[Op, int, int]], deps_of: Any) -> str:
     waits = []
     for d, acts in enumerate(schedule.actions):
         if pointer[d] < len(acts):
             action = acts[pointer[d]]
-            missing = [dep for dep in deps_of(action) if dep not in end]
+            missing = [dep for dep in deps_of(action) if dep not in done]
             names = ", ".join(f"{op.value}(stage {s}, mb {m})" for op, s, m in missing)
             waits.append(f"device {d} waits at {action} for {names}")
     return (f"schedule '{schedule.name}' cannot run: the devices wait on each other in a "
             f"cycle ({'; '.join(waits)})")
 
 
-def _summarize(prob: Problem, schedule: Schedule, records: list[ActionRecord],
-               check_budget: bool) -> SimResult:
+def _summarize(prob: Problem, schedule: Schedule, plan: _Plan, start_of: list[float],
+               end: list[float], issue_of: list[float], check_budget: bool) -> SimResult:
     D = schedule.devices
-    first = min(r.start for r in records)
-    last = max(r.end for r in records)
+    first = min(start_of)
+    last = max(end)
     makespan = last - first
     busy = [0.0] * D
     span_lo = [float("inf")] * D
     span_hi = [0.0] * D
     events: list[list[tuple[float, int, int]]] = [[] for _ in range(D)]
-    for r in records:
-        if r.lane == COMPUTE:
-            busy[r.device] += r.end - r.start
-            span_lo[r.device] = min(span_lo[r.device], r.start)
-            span_hi[r.device] = max(span_hi[r.device], r.end)
-        moment, delta = memory_delta(prob, r.action)
-        when = {"start": r.start, "end": r.end, "issue": r.issue}[moment]
+    moments = (start_of, end, issue_of)
+    for i, (d, lane, moment, delta) in enumerate(zip(plan.device, plan.lane, plan.moment,
+                                                     plan.delta)):
+        if lane == _COMPUTE:
+            begin, finish = start_of[i], end[i]
+            busy[d] += finish - begin
+            if begin < span_lo[d]:
+                span_lo[d] = begin
+            if finish > span_hi[d]:
+                span_hi[d] = finish
         # releases (0) sort before allocations (1) at equal times
-        events[r.device].append((when, 0 if delta < 0 else 1, delta))
+        events[d].append((moments[moment][i], 0 if delta < 0 else 1, delta))
     peak = []
     timeline = []
     for d in range(D):
@@ -279,8 +326,9 @@ def _summarize(prob: Problem, schedule: Schedule, records: list[ActionRecord],
         curve = [(first, level)]
         for when, _, delta in sorted(events[d]):
             level += delta
-            top = max(top, level)
-            if curve and curve[-1][0] == when:
+            if level > top:
+                top = level
+            if curve[-1][0] == when:
                 curve[-1] = (when, level)
             else:
                 curve.append((when, level))
@@ -288,6 +336,9 @@ def _summarize(prob: Problem, schedule: Schedule, records: list[ActionRecord],
         timeline.append(curve)
     span = [hi - lo if lo != float("inf") else 0.0 for lo, hi in zip(span_lo, span_hi)]
     bubble = 1.0 - sum(busy) / (D * makespan) if makespan > 0 else 0.0
+    records = [ActionRecord(plan.device[i], plan.actions[i], start_of[i], end[i],
+                            issue_of[i], _LANE_NAMES[plan.lane[i]])
+               for i in range(plan.count)]
     records.sort(key=lambda r: (r.start, r.device, r.lane))
     result = SimResult(schedule=schedule, problem=prob, records=records, makespan=makespan,
                        bubble_rate=bubble, device_busy=busy, device_span=span,

@@ -8,6 +8,7 @@ makespan, bubble rate and device span) gets a schedule small enough to check by 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -209,6 +210,15 @@ def valid_dict() -> dict:
     (lambda d: d["actions"][0].__setitem__(slice(1, 1), [["RELOAD", 0, 0], ["OFFLOAD", 0, 0]]),
      "comes before an OFFLOAD"),
     (lambda d: d["actions"][0].pop(0), "its F is missing on device 0"),
+    (lambda d: d["actions"][1].pop(2), "stage 1, microbatch 0 has no W (and no fused BW)"),
+    (lambda d: d["actions"][0].append(["BW", 0, 0]),
+     "stage 0, microbatch 0 has both a fused BW and a split B/W"),
+    (lambda d: d["actions"][0].insert(1, ["OFFLOAD", 0, 0]),
+     "its activations were offloaded and not reloaded before it"),
+    (lambda d: d["actions"][0].append(["OFFLOAD", 0, 0]), "comes after the backward"),
+    (lambda d: d["actions"][0].append(["F", 0, 0]), "duplicated"),
+    (lambda d: d["actions"][0].__setitem__(1, ["B", 0, 0, 1.0, "wait"]),
+     "only an OFFLOAD can hold its device back"),
     (lambda d: d["actions"][1].pop(1), "its B is missing on device 1"),
     (lambda d: d["actions"][0].append(["F", 7, 0]), "unknown stage"),
     (lambda d: d["actions"][0].append(["F", 1, 0]), "a stage would run on two devices"),
@@ -220,7 +230,7 @@ def test_validation_errors_name_the_problem(change, expected):
     data = valid_dict()
     schedule_from_dict(data)                      # the unchanged data is valid
     change(data)
-    with pytest.raises(InvalidScheduleError, match=expected.replace("(", r"\(")):
+    with pytest.raises(InvalidScheduleError, match=re.escape(expected)):
         schedule_from_dict(data, origin="test schedule")
 
 
