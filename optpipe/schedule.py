@@ -47,7 +47,6 @@ class Op(str, Enum):
 
 COMPUTE_OPS = (Op.F, Op.B, Op.W, Op.BW)
 _PLAIN = frozenset(COMPUTE_OPS)
-_NEEDS_BEFORE = {Op.B: Op.F, Op.BW: Op.F, Op.W: Op.B}   # what must come first on the device
 
 
 @dataclass(frozen=True)
@@ -156,6 +155,7 @@ class Schedule:
                                        f"{len(self.actions)} devices, expected {D}")
         seen: dict[tuple[Op, int, int], int] = {}
         placement = self.placement
+        before = {op: need for op, (need, _) in self._NEEDS_BEFORE.items()}
         for device, acts in enumerate(self.actions):
             position: dict[tuple[Op, int, int], int] = {}
             for index, action in enumerate(acts):
@@ -164,7 +164,7 @@ class Schedule:
                 # rest (and anything wrong) by _action_problem, which names the problem
                 if not (op in _PLAIN and 0 <= s < S and 0 <= m < M and placement[s] == device
                         and not action.wait and key not in seen
-                        and (op is Op.F or (_NEEDS_BEFORE[op], s, m) in position)
+                        and (op is Op.F or (before[op], s, m) in position)
                         and (op is not Op.B and op is not Op.BW
                              or (Op.OFFLOAD, s, m) not in position)):
                     problem = self._action_problem(device, action, position, seen, acts)

@@ -262,8 +262,10 @@ class _Plan:
         self.count = len(self.actions)
         self.device = [d for d, acts in enumerate(schedule.actions) for _ in acts]
         index = {a.key: i for i, a in enumerate(self.actions)}
-        position = iter(range(self.count))
-        self.order = [[next(position) for _ in acts] for acts in schedule.actions]
+        starts = [0]
+        for acts in schedule.actions:
+            starts.append(starts[-1] + len(acts))
+        self.order = [range(lo, hi) for lo, hi in zip(starts, starts[1:])]  # per device
         placement = schedule.placement
         dependencies = dependency_function(schedule)
         p2p = prob.p2p

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench_solver import bench_problem  # noqa: E402
-from benchargs import parse_size  # noqa: E402
+from benchargs import budget_label, parse_size  # noqa: E402
 from docblock import publish  # noqa: E402
 
 DOC = ROOT / "docs" / "optimizer.md"
@@ -109,7 +109,7 @@ def main() -> int:
         for k in (float(x) for x in args.budgets.split(",")):
             total, spent = measure(bench_problem(stages, microbatches, stages * k, False))
             cells = [f"{spent[c]:.1f} s" if c in spent else "—" for c in columns]
-            label = {0.5: "S/2", 1.0: "S", 2.0: "2S"}.get(k, f"{k:g}S")
+            label = budget_label(k)
             lines.append(f"| {stages}×{microbatches} at {label} | {total:.1f} s | "
                          + " | ".join(cells) + " |")
             print(lines[-1], flush=True)

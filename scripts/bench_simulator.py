@@ -7,7 +7,7 @@ its search begins (at 16 x 64 about 70 simulations, each with its
 ``Schedule.validate``), so its speed is part of what a short ``--time-limit`` cannot
 buy back (the ``time-limit`` table in docs/optimizer.md).
 
-For each problem it builds every fixed schedule that applies and times ``validate``
+For each problem it builds every fixed schedule and times ``validate``
 and ``simulate`` on each (the best of ``--repeats``), then reports the mean over the
 schedules. ``--tree DIR`` times another checkout's optpipe on the same schedules' problems
 as well (a ``git worktree`` of an older commit, say), each tree in a fresh process.
@@ -47,12 +47,7 @@ def measure(cases: list[tuple[int, int, float]], repeats: int) -> list[dict[str,
     rows = []
     for stages, microbatches, k in cases:
         problem = bench_problem(stages, microbatches, stages * k, False)
-        schedules = []
-        for name in GENERATORS:
-            try:
-                schedules.append(generate(name, problem))
-            except Exception:       # a generator that does not apply to this problem
-                continue
+        schedules = [generate(name, problem) for name in GENERATORS]  # all take a base problem
         validate = simulation = 0.0
         for schedule in schedules:
             validate += best_of(repeats, schedule.validate)
@@ -89,8 +84,10 @@ def measure_tree(tree: Path, cases: list[tuple[int, int, float]],
 
 
 def table(cases, here, other, command: str, tree: Path | None) -> str:
+    from benchargs import budget_label
+
     lines = [f"Measured with `{command}` ({time.strftime('%Y-%m-%d')}, 2 cores; the mean "
-             "over the fixed schedules that apply, each the best of its repeats; the "
+             "over the fixed schedules, each the best of its repeats; the "
              "benchmark's problems, F = B = W = 1 s).", ""]
     head = "| problem | schedules | actions each | validate | simulate (validate included) |"
     rule = "|---|---|---|---|---|"
@@ -100,8 +97,7 @@ def table(cases, here, other, command: str, tree: Path | None) -> str:
     lines += [head, rule]
     for i, (stages, microbatches, k) in enumerate(cases):
         r = here[i]
-        budget = "S" if k == 1 else f"{k:g}S" if k != 0.5 else "S/2"
-        row = (f"| {stages} x {microbatches} at {budget} | {r['schedules']} | "
+        row = (f"| {stages} x {microbatches} at {budget_label(k)} | {r['schedules']} | "
                f"{r['actions']:.0f} | {r['validate_ms']:.1f} ms | {r['simulate_ms']:.1f} ms |")
         if other is not None:
             o = other[i]

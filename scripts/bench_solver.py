@@ -31,7 +31,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchargs import parse_size  # noqa: E402
+from benchargs import budget_label, parse_size  # noqa: E402
 
 from optpipe.errors import OptPipeError  # noqa: E402
 from optpipe.problem import Problem, uniform_problem  # noqa: E402
@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = [] if args.reset else load_data()
     for stages, microbatches in sizes:
         for mult in (float(x) for x in args.budgets.split(",")):
-            label = {0.5: "S/2", 1.0: "S", 2.0: "2S"}.get(mult, f"{mult:g}S")
+            label = budget_label(mult)
             row = run_case(stages, microbatches, label, mult * stages, args.hetero, engines,
                            offloads, limit, args.threads,
                            args.placements.split(",") if args.placements else None)

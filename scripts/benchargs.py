@@ -21,3 +21,9 @@ def parse_size(text: str) -> tuple[int, int]:
     if stages < 1 or microbatches < 1:
         raise SystemExit(f"error: {text!r}: stages and microbatches must be at least 1")
     return stages, microbatches
+
+
+def budget_label(k: float) -> str:
+    """A budget's name in the tables: ``0.5`` -> ``"S/2"``, ``1`` -> ``"S"``, ``2`` ->
+    ``"2S"``, else ``"<k>S"`` (multiples of S microbatches' activations)."""
+    return {0.5: "S/2", 1.0: "S", 2.0: "2S"}.get(k, f"{k:g}S")
