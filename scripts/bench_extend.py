@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench_solver import bench_problem  # noqa: E402
-from benchargs import parse_size  # noqa: E402
+from benchargs import budget_label, parse_size  # noqa: E402
 from docblock import publish  # noqa: E402
 
 DOC = ROOT / "docs" / "optimizer-log.md"
@@ -89,7 +89,7 @@ def main() -> int:
                              f"8x64:v:1:15") from None
         stages, microbatches = parse_size(size)
         cells = run(stages, microbatches, shape, budget, seconds)
-        label = {1.0: "S", 0.5: "S/2", 2.0: "2S"}.get(budget, f"{budget:g} S")
+        label = budget_label(budget)
         row = (f"| {stages} x {microbatches} | {shape} | {label} | "
                f"{stages} x {microbatches // 2}, {seconds:g} s | " + " | ".join(cells) + " |")
         print(row, flush=True)

@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench_solver import bench_problem  # noqa: E402
-from benchargs import parse_size  # noqa: E402
+from benchargs import budget_label, parse_size  # noqa: E402
 from docblock import publish  # noqa: E402
 
 DOC = ROOT / "docs" / "optimizer-log.md"
@@ -140,7 +140,7 @@ def main() -> int:
     stages, microbatches = parse_size(args.size)
     problem, place, ticks, pool, hint, lower = setup(stages, microbatches, args.placement,
                                                      args.budget)
-    label = "S" if args.budget == 1 else "S/2" if args.budget == 0.5 else f"{args.budget:g} S"
+    label = budget_label(args.budget)
     where = f"{stages} x {microbatches}, {args.placement}, budget {label}"
     lines = [f"**Relaxations** ({where}; the placement's memory bound {lower / ticks.scale:g} s, "
              f"the start {hint.makespan / ticks.scale:g} s):", "",
