@@ -14,9 +14,14 @@ runs the driver ``--runs`` times (``bench_solver.bench_problem``: F = B = W = 1 
 p2p 0.05 s, budget S/2, 60 s) and the table gives every run's answer, bound and gap,
 what the main run did, and how many runs ended within 0.5%.
 
+Since search revision 39 the no-wait waves (``optpipe/optimizer/waves.py``) lead one
+stage per device there (304.4 s from the start) and no extension is built
+(``warm_starts.waves_lead``); the older variants are run without the waves.
+
 Variants:
 
-* ``revision 38``: the driver as it is (the share 0.3, the descent);
+* ``revision 39``: the driver as it is (the waves, no extension, the descent);
+* ``revision 38``: without the waves (the extension's share 0.3, the descent);
 * ``share 0.45``: the descent with the share at 0.45 (27 s of the minute, where
   ``scripts/bench_extend_share.py`` found the extensions alone dependable; it leaves
   the main run less time for the probe);
@@ -28,8 +33,8 @@ Variants:
 Every time is wall time on this machine. Nothing is asserted; the table goes to
 docs/optimizer-log.md between markers.
 
-    python scripts/bench_descent.py                   # 4 variants x 3 runs: ~13 min
-    python scripts/bench_descent.py --variants 'revision 38' --runs 5 --no-write
+    python scripts/bench_descent.py                   # 5 variants x 3 runs: ~16 min
+    python scripts/bench_descent.py --variants 'revision 39' --runs 5 --no-write
 """
 
 from __future__ import annotations
@@ -49,28 +54,32 @@ from bench_solver import bench_problem  # noqa: E402
 from docblock import publish  # noqa: E402
 
 DOC = ROOT / "docs" / "optimizer-log.md"
-MARKERS = "<!-- descent:start -->", "<!-- descent:end -->"
-#: (name, the extension's share, does one stage per device descend past the limit)
-VARIANTS = {"revision 38": (None, True), "share 0.45": (0.45, True),
-            "revision 37": (0.75, False), "windows": (0.3, False)}
+MARKERS = "<!-- descent-waves:start -->", "<!-- descent-waves:end -->"
+#: (name, the extension's share, does one stage per device descend past the limit,
+#: are the waves among the starts)
+VARIANTS = {"revision 39": (None, True, True), "revision 38": (None, True, False),
+            "share 0.45": (0.45, True, False), "revision 37": (0.75, False, False),
+            "windows": (0.3, False, False)}
 GAP = 0.005
 
 
 @contextmanager
 def variant(name: str) -> Iterator[None]:
     """The driver as the variant has it, put back afterwards."""
-    from optpipe.optimizer import cpsat, warm_starts
+    from optpipe.optimizer import cpsat, preprocess, warm_starts
 
-    share, descends = VARIANTS[name]
-    saved = warm_starts.EXTEND_SHARE_LARGE, cpsat.descends
+    share, descends, waves = VARIANTS[name]
+    saved = warm_starts.EXTEND_SHARE_LARGE, cpsat.descends, preprocess.wave_schedule
     if share is not None:
         warm_starts.EXTEND_SHARE_LARGE = share
     if not descends:
         cpsat.descends = lambda *args: False
+    if not waves:
+        preprocess.wave_schedule = lambda problem: None
     try:
         yield
     finally:
-        warm_starts.EXTEND_SHARE_LARGE, cpsat.descends = saved
+        warm_starts.EXTEND_SHARE_LARGE, cpsat.descends, preprocess.wave_schedule = saved
 
 
 def main_run(result) -> str:

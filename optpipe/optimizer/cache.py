@@ -94,13 +94,16 @@ _PACKAGE = Path(__file__).resolve().parent.parent
 #: 36: the proof runs without CP-SAT's disjunctive precedences, so the pieces and the
 #: probe finish sooner, :data:`~.cpsat.PROOF_DISJUNCTIVE_PRECEDENCES`; 37: the gap
 #: probe asks for any schedule inside its horizon, without the makespan objective, so
-#: it is refuted sooner, :data:`~.cpsat.PROBE_MINIMIZES`). A cached
+#: it is refuted sooner, :data:`~.cpsat.PROBE_MINIMIZES`; 38: search then probe
+#: past the full model's cell limit with the cuts, :mod:`~.descent`, and the extended
+#: schedules' share at 30%; 39: the no-wait waves among the starts, :mod:`~.waves`, and
+#: no extension where they lead with a large source, :func:`~.warm_starts.waves_lead`). A cached
 #: schedule from an older search that was not proven optimal is solved again: the same
 #: problem and time limit may now give a faster one. Not bumped for the warm-up memory
 #: bound (2026-12-01): it proves more but searches the same way (the window search
 #: still keys on the round trip), so a cached answer would come back no faster; its
 #: stored bound is true, only weaker.
-SEARCH_REVISION = 38
+SEARCH_REVISION = 39
 
 
 def cache_dir() -> Path:

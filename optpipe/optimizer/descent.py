@@ -23,7 +23,11 @@ gap) or the time is up. Every schedule returned is a solution of the full order 
 model with the prefix cuts, so both hold for the problem. Through the driver (with the
 extended schedules' share at 30%, :data:`~.warm_starts.EXTEND_SHARE_LARGE`): 16 x 64
 at S/2 within 0.5% in 3 of 3 runs, each of two runs of ``python
-scripts/bench_descent.py``, against 0 of 3 for search revision 37.
+scripts/bench_descent.py``, against 0 of 3 for search revision 37. Later, on a slower
+machine, that extension was a lottery (0 of 7); since search revision 39 the no-wait
+waves (:mod:`.waves`) start it at 304.4 s instead, and the probe's 0.5% is at the
+edge of the time left (3 of 3 in the script's table, 7 of 12 runs over the session,
+probes refuted in 13.6-19.1 s; docs/optimizer-log.md, the revision-39 item).
 """
 
 from __future__ import annotations

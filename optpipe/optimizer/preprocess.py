@@ -36,6 +36,7 @@ from typing import Iterable, Mapping, Sequence
 
 from optpipe.errors import OptPipeError
 from optpipe.memory.accounting import duration as action_duration
+from optpipe.optimizer.waves import wave_schedule
 from optpipe.problem import Problem
 from optpipe.schedule import Action, Op, Schedule, linear_placement
 from optpipe.simulator import SimResult, dependency_function, simulate
@@ -557,6 +558,11 @@ def fixed_schedules(problem: Problem, include_own: bool = True) -> FixedSet:
                                                         simulate(problem, schedule)))
                     except OptPipeError as exc:
                         out.skipped["greedy"] = str(exc)
+        # the no-wait waves (optimizer.waves): a start that paces the round trip
+        schedule = wave_schedule(problem)
+        if schedule is not None:
+            out.candidates.append(Candidate(schedule.name, schedule,
+                                            simulate(problem, schedule)))
         offloading = next((c for c in out.candidates if c.name == "pipeoffload"), None)
         if offloading is not None and \
                 offloading.schedule.placement != linear_placement(problem.devices):

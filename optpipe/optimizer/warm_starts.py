@@ -28,6 +28,7 @@ from optpipe.optimizer.preprocess import Candidate, FixedSet, fixed_schedules, t
 from optpipe.optimizer.result import EngineResult
 from optpipe.optimizer.spaces import (build_seconds, expected_overrun, memory_lifts,
                                       placement_spaces, searched_shapes)
+from optpipe.optimizer.waves import WAVES
 from optpipe.problem import Problem
 from optpipe.schedule import Schedule, linear_placement, placement_name
 from optpipe.simulator import simulate
@@ -70,7 +71,10 @@ EXTEND_SHARE = 0.25
 #: scripts/bench_extend_share.py``). Through the driver 0.45 is no better: 5 of 6 runs
 #: within 0.5% against 5 of 6 for 0.3 (its misses a probe out of time, 0.3's a worse
 #: extension; ``python scripts/bench_descent.py --variants 'revision 38,share 0.45'``,
-#: twice, docs/optimizer-log.md).
+#: twice, docs/optimizer-log.md). Since search revision 39 no such extension is built
+#: where the no-wait waves lead one stage per device (:func:`waves_lead`): 16 x 64 at
+#: S/2 then starts from 304.4 s every time (3 of 3 driver runs within 0.5%, 0 of 3
+#: without the waves, ``python scripts/bench_descent.py``).
 EXTEND_SHARE_LARGE = 0.3
 EXTEND_LARGE_SOURCE_CELLS = 512
 #: Share of the time limit for the V shape's extended schedules
@@ -415,13 +419,18 @@ def add_periodic(problem: Problem, fixed: FixedSet, split_backward: bool,
     each placement, so a better start is a better answer in the same time. Called only
     when memory binds hard (:func:`~.candidates.memory_binds_hard`): measured at budget S (1F1B's
     memory) the blocks never beat the fixed schedules, and their time is better spent
-    searching.
+    searching. Not on one stage per device where the no-wait waves lead it
+    (:func:`waves_lead_linear`): there its blocks were 10-17% slower than the waves
+    (8 x 16 to 16 x 64 at S/2, by hand on 2026-12-08: 16 x 64 355.8 s in 3 s against
+    304.4 s), so the 3 s per placement go to the search.
     """
     from optpipe.optimizer.periodic import periodic_schedules
 
     # fused backwards too when they are faster: the engines search those spaces as well
     runs = [(label.replace("/", "-"), place, split)
-            for label, place, split in searched_shapes(problem, split_backward, allowed)]
+            for label, place, split in searched_shapes(problem, split_backward, allowed)
+            if not (place == linear_placement(problem.devices)
+                    and waves_lead_linear(problem, fixed, split, use_offload))]
     t0 = time.monotonic()
     for i, (label, place, split) in enumerate(runs):
         left = seconds - (time.monotonic() - t0)
@@ -477,6 +486,8 @@ def add_extended(problem: Problem, fixed: FixedSet, split_backward: bool,
     held = memory_bound(graph, free)
     if incumbent is not None and held >= incumbent.makespan * (1 - 1e-9):
         return                                   # one stage per device cannot win
+    if waves_lead(problem, fixed, split_backward, use_offload):
+        return
     # a large source (16 x 32) is searched best with its windows and not proven in the
     # time anyway: its pieces (8.7 s at 16 stages) would only take from its search
     # (16 x 64 at S/2: the source reached 165.7 s with them, 161.7 s without; by hand)
@@ -494,6 +505,32 @@ def add_extended(problem: Problem, fixed: FixedSet, split_backward: bool,
                                                cuts_share=SOURCE_CUTS_SHARE if cuts_pay
                                                else 0.0):
         fixed.candidates.append(Candidate(schedule.name, schedule, result))
+
+
+def waves_lead(problem: Problem, fixed: FixedSet, split_backward: bool,
+               use_offload: bool) -> bool:
+    """Does a no-wait wave schedule (:mod:`.waves`) lead one stage per device where the
+    extension's source is large (:func:`large_source`)? Then no extension is built.
+
+    Why: such a source is not proven in the time, and which of its many optima the
+    search lands on decides the extension (16 x 64 at S/2: 304.0-323.7 s, docs/
+    optimizer-log.md, "16 x 64 at S/2 undependable"), while the waves are 304.4 s
+    there in milliseconds every time; the extension's 30% of the minute then goes to
+    the prefix cuts, the search and its probe (``python scripts/bench_waves.py``).
+    Where the waves do not lead (uneven stages break their lattice; small sources,
+    whose optimum the extension repeats exactly) the extension runs as before.
+    """
+    return large_source(problem) and waves_lead_linear(problem, fixed, split_backward,
+                                                       use_offload)
+
+
+def waves_lead_linear(problem: Problem, fixed: FixedSet, split_backward: bool,
+                      use_offload: bool) -> bool:
+    """Is a no-wait wave schedule (:mod:`.waves`) the fastest fitting start on one
+    stage per device in ``fixed``?"""
+    on = fitting_on(fixed, linear_placement(problem.devices), split_backward,
+                    fused_is_faster(problem), use_offload)
+    return bool(on) and on[0].name == WAVES
 
 
 def add_chunked_extended(problem: Problem, fixed: FixedSet, split_backward: bool,
