@@ -10,10 +10,12 @@ benchmark's problems (``bench_solver.bench_problem``: F = B = W = 1 s, p2p 0.05 
 one stage per device (every generator, capped 1F1B and the greedy list schedules:
 ``preprocess.fixed_schedules`` without the waves), the placement's lower bound
 (``bounds.lower_bound`` and ``memory_bound``), and the milliseconds the waves took
-(building and simulating). Every makespan is the simulator's. Nothing is asserted; the
+(building and simulating); and on the V shape (not used by the driver) the waves
+against the fastest fitting other start there without offload (the fixed schedules,
+list and admission schedules). Every makespan is the simulator's. Nothing is asserted; the
 table goes to docs/optimizer-log.md between markers.
 
-    python scripts/bench_waves.py                 # about half a minute
+    python scripts/bench_waves.py                 # about a minute
     python scripts/bench_waves.py --sizes 16x64 --hetero --no-write
 """
 
@@ -49,7 +51,7 @@ def row(stages: int, microbatches: int, k: float, hetero: bool) -> str:
     from optpipe.optimizer.bounds import lower_bound, memory_bound
     from optpipe.optimizer.preprocess import fixed_schedules, task_graph
     from optpipe.optimizer.waves import WAVES, wave_schedule
-    from optpipe.schedule import linear_placement
+    from optpipe.schedule import linear_placement, v_placement
     from optpipe.simulator import simulate
 
     problem = bench_problem(stages, microbatches, stages * k, hetero)
@@ -62,6 +64,9 @@ def row(stages: int, microbatches: int, k: float, hetero: bool) -> str:
               if c.fits and list(c.schedule.placement) == place
               and not c.name.startswith(WAVES) and not c.schedule.offloads]
     best = min(others, key=lambda c: c.makespan) if others else None
+    v_waves = wave_schedule(problem, v_placement(stages))
+    v_sim = simulate(problem, v_waves) if v_waves is not None else None
+    v_best = best_v_start(problem)
     graph = task_graph(problem, True)
     bound = memory_bound(graph, lower_bound(graph))
     waves = split_sim.makespan if split_sim is not None and split_sim.fits else None
@@ -71,7 +76,30 @@ def row(stages: int, microbatches: int, k: float, hetero: bool) -> str:
     return (f"| {stages} x {microbatches} | {budget_label(k)} | {'yes' if hetero else 'no'} "
             f"| {_cell(split_sim.makespan if split_sim else None, bool(split_sim and split_sim.fits))} "
             f"| {_cell(best.makespan if best else None)} ({best.name if best else '-'}) "
-            f"| {lead} | {bound:.2f} s | {above} | {ms:.0f} |")
+            f"| {lead} | {bound:.2f} s | {above} | {ms:.0f} "
+            f"| {_cell(v_sim.makespan if v_sim else None, bool(v_sim and v_sim.fits))} "
+            f"| {_cell(v_best)} |")
+
+
+def best_v_start(problem) -> float | None:
+    """The fastest fitting start on the V shape without offload: the fixed schedules
+    there and the list and admission schedules (``listsched.warm_start_kinds``)."""
+    from optpipe.optimizer.listsched import warm_start_kinds
+    from optpipe.optimizer.preprocess import fixed_schedules
+    from optpipe.optimizer.waves import WAVES
+    from optpipe.schedule import v_placement
+    from optpipe.simulator import simulate
+
+    place = v_placement(problem.devices)
+    spans = [c.makespan for c in fixed_schedules(problem).candidates
+             if c.fits and c.schedule.placement == place and not c.schedule.offloads
+             and not c.name.startswith(WAVES)]
+    for kind in warm_start_kinds(problem, place, True):
+        for schedule in kind:
+            sim = simulate(problem, schedule)
+            if sim.fits:
+                spans.append(sim.makespan)
+    return min(spans, default=None)
 
 
 def main() -> None:
@@ -86,7 +114,8 @@ def main() -> None:
         ap.error("--sizes: give at least one SxM, e.g. 16x64")
     lines = ["| size | budget | uneven stages | waves | best other start "
              "(one stage per device) | leads | lower bound | waves above the bound "
-             "| waves ms |", "|---|---|---|---|---|---|---|---|---|"]
+             "| waves ms | V shape: waves | V shape: best other start |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for hetero in (False, True) if args.hetero else (False,):
         for stages, microbatches in sizes:
             for k in BUDGETS:

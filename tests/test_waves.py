@@ -13,12 +13,12 @@ from dataclasses import replace
 
 import pytest
 
+from optpipe.memory.accounting import memory_delta
 from optpipe.optimizer import warm_starts
 from optpipe.optimizer.preprocess import fixed_schedules
 from optpipe.optimizer.waves import WAVES, reserve, wave_schedule
 from optpipe.problem import uniform_problem
-from optpipe.schedule import Action, Op, linear_placement
-from optpipe.memory.accounting import memory_delta
+from optpipe.schedule import Action, Op, linear_placement, searched_placements, v_placement
 from optpipe.simulator import simulate
 from test_optimizer_preprocess import random_problem
 
@@ -35,84 +35,98 @@ def _uniform(stages: int, microbatches: int, budget: float, *, uneven: bool = Fa
     return p.activation_budget(budget)
 
 
-def _times(problem):
-    """``(op, device, microbatch) -> (start, end)`` of the reserved intervals."""
-    reserved = reserve(problem)
+def _times(problem, place=None):
+    """``(op, stage, microbatch) -> (device, start, end)`` of the reserved intervals."""
+    reserved = reserve(problem, place)
     assert reserved is not None
-    return reserved, {(op, d, mb): (start, end)
+    return reserved, {(op, s, mb): (d, start, end)
                       for d, device in enumerate(reserved)
-                      for start, end, (op, mb) in device}
+                      for start, end, (op, s, mb) in device}
 
 
-@pytest.mark.parametrize("stages,microbatches,budget", [(4, 8, 2), (8, 16, 4), (8, 16, 8),
-                                                        (16, 32, 8), (6, 10, 16)])
-def test_reserved_paths_never_wait_and_never_overlap(stages, microbatches, budget) -> None:
+PLACEMENTS = {"linear": linear_placement, "v": v_placement}
+CASES = [(4, 8, 2), (8, 16, 4), (8, 16, 8), (16, 32, 8), (6, 10, 16)]
+
+
+@pytest.mark.parametrize("shape", sorted(PLACEMENTS))
+@pytest.mark.parametrize("stages,microbatches,budget", CASES)
+def test_reserved_paths_never_wait_and_never_overlap(shape, stages, microbatches,
+                                                     budget) -> None:
     problem = _uniform(stages, microbatches, budget)
-    reserved, at = _times(problem)
-    lag = problem.p2p
-    for d, device in enumerate(reserved):
-        assert len(device) == 3 * microbatches
-        for (s0, e0, _), (s1, _, _) in zip(device, device[1:]):
+    place = PLACEMENTS[shape](stages)
+    reserved, at = _times(problem, place)
+    for device in reserved:
+        assert len(device) == 3 * microbatches * len(place) // stages
+        for (_, e0, _), (s1, _, _) in zip(device, device[1:]):
             assert e0 <= s1 + 1e-9                       # one action at a time
+    last = len(place) - 1
     for mb in range(microbatches):
-        for d in range(stages - 1):                      # forward wave: no wait
-            assert at["F", d + 1, mb][0] == pytest.approx(at["F", d, mb][1] + lag)
-            assert at["B", d, mb][0] == pytest.approx(at["B", d + 1, mb][1] + lag)
-        assert at["B", stages - 1, mb][0] == pytest.approx(at["F", stages - 1, mb][1])
-        for d in range(stages):
-            assert at["W", d, mb][0] >= at["B", d, mb][1] - 1e-9
+        for s in range(last):                            # both waves: no wait
+            lag = problem.p2p if place[s] != place[s + 1] else 0.0
+            assert at["F", s + 1, mb][1] == pytest.approx(at["F", s, mb][2] + lag)
+            assert at["B", s, mb][1] == pytest.approx(at["B", s + 1, mb][2] + lag)
+        assert at["B", last, mb][1] == pytest.approx(at["F", last, mb][2])
+        for s in range(len(place)):
+            assert at["W", s, mb][1] >= at["B", s, mb][2] - 1e-9
+            assert at["F", s, mb][0] == place[s]
         if mb:                                           # microbatches in order
-            assert at["F", 0, mb][0] > at["F", 0, mb - 1][0]
+            assert at["F", 0, mb][1] > at["F", 0, mb - 1][1]
 
 
+@pytest.mark.parametrize("shape", sorted(PLACEMENTS))
 @pytest.mark.parametrize("stages,microbatches,budget", [(4, 8, 2), (8, 16, 4), (16, 32, 8)])
-def test_reserved_memory_fits_by_the_shared_accounting(stages, microbatches, budget) -> None:
+def test_reserved_memory_fits_by_the_shared_accounting(shape, stages, microbatches,
+                                                       budget) -> None:
     problem = _uniform(stages, microbatches, budget)
-    reserved, at = _times(problem)
+    place = PLACEMENTS[shape](stages)
+    judged = problem if shape == "linear" else problem.split(place)
+    _, at = _times(problem, place)
     for d in range(stages):
         events = []
-        for (op, dev, mb), (start, end) in at.items():
-            if dev != d:
-                continue
-            moment, delta = memory_delta(problem, Action(Op(op), d, mb))
-            events.append((start if moment == "start" else end, delta))
-        kept = problem.static[d]
-        for _, delta in sorted(events, key=lambda e: (e[0], e[1])):  # releases first
+        for (op, s, mb), (dev, start, end) in at.items():
+            if dev == d:
+                moment, delta = memory_delta(judged, Action(Op(op), s, mb))
+                events.append((start if moment == "start" else end, delta))
+        kept = judged.static[d]
+        for _, delta in sorted(events):                  # at equal times releases first
             kept += delta
-            assert kept <= problem.budget[d]
+            assert kept <= judged.budget[d]
 
 
+@pytest.mark.parametrize("shape", sorted(PLACEMENTS))
 @pytest.mark.parametrize("stages,microbatches,budget,uneven",
                          [(4, 8, 2, False), (8, 16, 4, False), (16, 32, 8, False),
                           (8, 16, 8, True), (4, 12, 4, True)])
-def test_schedule_is_valid_fits_and_no_slower_than_reserved(stages, microbatches, budget,
-                                                             uneven) -> None:
+def test_schedule_is_valid_fits_and_no_slower_than_reserved(shape, stages, microbatches,
+                                                             budget, uneven) -> None:
     problem = _uniform(stages, microbatches, budget, uneven=uneven)
-    schedule = wave_schedule(problem)
-    assert schedule is not None and schedule.name == WAVES
-    assert schedule.placement == linear_placement(stages)
+    place = PLACEMENTS[shape](stages)
+    schedule = wave_schedule(problem, place)
+    assert schedule is not None
+    assert schedule.name == (WAVES if shape == "linear" else f"{WAVES}-{shape}")
+    assert schedule.placement == place
     sim = simulate(problem, schedule)
     assert sim.fits
-    _, at = _times(problem)
-    assert sim.makespan <= max(end for _, end in at.values()) + 1e-9
+    _, at = _times(problem, place)
+    assert sim.makespan <= max(end for _, _, end in at.values()) + 1e-9
     for record in sim.records:                           # ASAP: never later than reserved
         key = (record.action.op.value, record.action.stage, record.action.microbatch)
-        assert record.start <= at[key][0] + 1e-9
+        assert record.start <= at[key][1] + 1e-9
 
 
 def test_random_problems_give_valid_fitting_schedules() -> None:
     for seed in range(6):
         problem = random_problem(seed)
-        schedule = wave_schedule(problem)
-        if schedule is None:
-            continue
-        assert simulate(problem, schedule).fits, seed
+        for place in searched_placements(problem.devices).values():
+            schedule = wave_schedule(problem, place)
+            if schedule is not None:
+                assert simulate(problem, schedule).fits, (seed, place)
 
 
-def test_none_off_one_stage_per_device_or_below_one_activation() -> None:
+def test_none_on_a_split_problem_an_uneven_placement_or_below_one_activation() -> None:
     base = _uniform(8, 8, 4)
-    chunked = replace(base, devices=4, budget=base.budget[:4], static=base.static[:4])
-    assert wave_schedule(chunked) is None
+    assert wave_schedule(base.split(v_placement(8))) is None
+    assert wave_schedule(base, [0, 1, 2, 3, 4, 5, 6, 7, 0]) is None
     tight = _uniform(4, 8, 2).with_budget(1)             # an activation is 2 bytes
     assert wave_schedule(tight) is None
 

@@ -558,7 +558,10 @@ def fixed_schedules(problem: Problem, include_own: bool = True) -> FixedSet:
                                                         simulate(problem, schedule)))
                     except OptPipeError as exc:
                         out.skipped["greedy"] = str(exc)
-        # the no-wait waves (optimizer.waves): a start that paces the round trip
+        # the no-wait waves (optimizer.waves) on one stage per device: a start that
+        # paces the round trip. Not on the chunked placements: there the V shape's
+        # waves beat every other V start, but the search from them ended no better
+        # (docs/optimizer-log.md, the revision-39 item)
         schedule = wave_schedule(problem)
         if schedule is not None:
             out.candidates.append(Candidate(schedule.name, schedule,
