@@ -124,7 +124,8 @@ def main() -> None:
                 lines.append(line)
     command = shlex.join(["scripts/bench_waves.py"] + sys.argv[1:])
     caption = (f"Measured with `python {command}` ({time.strftime('%Y-%m-%d')}, 2 cores; "
-               f"F = B = W = 1 s, p2p 0.05 s, one stage per device; every makespan the "
+               f"F = B = W = 1 s, p2p 0.05 s, one stage per device but in the last two "
+               f"columns (the V shape); every makespan the "
                f"simulator's; the lower bound is the placement's memory bound, "
                f"not the optimum).")
     publish(caption + "\n\n" + "\n".join(lines), DOC, *MARKERS, write=not args.no_write)
