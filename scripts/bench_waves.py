@@ -56,42 +56,43 @@ def row(stages: int, microbatches: int, k: float, hetero: bool) -> str:
 
     problem = bench_problem(stages, microbatches, stages * k, hetero)
     t0 = time.perf_counter()
-    split = wave_schedule(problem)
-    split_sim = simulate(problem, split) if split is not None else None
+    linear = wave_schedule(problem)
+    linear_sim = simulate(problem, linear) if linear is not None else None
     ms = 1000 * (time.perf_counter() - t0)
     place = linear_placement(problem.devices)
-    others = [c for c in fixed_schedules(problem).candidates
+    fixed = fixed_schedules(problem).candidates
+    others = [c for c in fixed
               if c.fits and list(c.schedule.placement) == place
               and not c.name.startswith(WAVES) and not c.schedule.offloads]
     best = min(others, key=lambda c: c.makespan) if others else None
     v_waves = wave_schedule(problem, v_placement(stages))
     v_sim = simulate(problem, v_waves) if v_waves is not None else None
-    v_best = best_v_start(problem)
+    v_best = best_v_start(problem, fixed)
     graph = task_graph(problem, True)
     bound = memory_bound(graph, lower_bound(graph))
-    waves = split_sim.makespan if split_sim is not None and split_sim.fits else None
+    waves = linear_sim.makespan if linear_sim is not None and linear_sim.fits else None
     above = f"{100 * (waves / bound - 1):.1f}%" if waves is not None else "-"
     lead = ("**waves**" if waves is not None and (best is None or waves < best.makespan)
             else best.name if best is not None else "-")
     return (f"| {stages} x {microbatches} | {budget_label(k)} | {'yes' if hetero else 'no'} "
-            f"| {_cell(split_sim.makespan if split_sim else None, bool(split_sim and split_sim.fits))} "
+            f"| {_cell(linear_sim.makespan if linear_sim else None, bool(linear_sim and linear_sim.fits))} "
             f"| {_cell(best.makespan if best else None)} ({best.name if best else '-'}) "
             f"| {lead} | {bound:.2f} s | {above} | {ms:.0f} "
             f"| {_cell(v_sim.makespan if v_sim else None, bool(v_sim and v_sim.fits))} "
             f"| {_cell(v_best)} |")
 
 
-def best_v_start(problem) -> float | None:
+def best_v_start(problem, fixed) -> float | None:
     """The fastest fitting start on the V shape without offload: the fixed schedules
-    there and the list and admission schedules (``listsched.warm_start_kinds``)."""
+    there (``fixed``: the problem's candidates) and the list and admission schedules
+    (``listsched.warm_start_kinds``)."""
     from optpipe.optimizer.listsched import warm_start_kinds
-    from optpipe.optimizer.preprocess import fixed_schedules
     from optpipe.optimizer.waves import WAVES
     from optpipe.schedule import v_placement
     from optpipe.simulator import simulate
 
     place = v_placement(problem.devices)
-    spans = [c.makespan for c in fixed_schedules(problem).candidates
+    spans = [c.makespan for c in fixed
              if c.fits and c.schedule.placement == place and not c.schedule.offloads
              and not c.name.startswith(WAVES)]
     for kind in warm_start_kinds(problem, place, True):
